@@ -1,0 +1,1 @@
+"""One module per subcommand: click options in, library calls, rendered results out."""

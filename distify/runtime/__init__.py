@@ -1,0 +1,1 @@
+"""Placeholder: the runtime lands with its issue."""

@@ -1,0 +1,1 @@
+"""distify's bundled rule packs (YAML data, loaded by :mod:`distify.rules`)."""
