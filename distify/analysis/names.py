@@ -1,0 +1,89 @@
+"""Qualified names without LibCST's metadata providers.
+
+Full scope analysis costs several times a parse on a large file. Training scripts bind the names
+we care about (``torch``, ``nn``, ``DataLoader``, ``optim``) with imports, almost always at module
+level, so an import table built with the standard library's fast ``ast`` parser, plus the
+dotted spelling of an expression, resolves ``import torch as t``, ``from torch.utils.data import
+DataLoader as DL`` and friends. A name rebound by an assignment keeps its imported meaning; that
+imprecision is accepted for speed.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+
+@dataclass
+class ImportMap:
+    """Local name → qualified name, from every import statement in a module."""
+
+    aliases: dict[str, str] = field(default_factory=dict)
+    #: every module imported anywhere (``import a.b`` records ``a.b``; ``from a import b``, ``a``)
+    modules: set[str] = field(default_factory=set)
+
+    @classmethod
+    def from_ast(cls, tree: ast.AST) -> "ImportMap":
+        table = cls()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    table.modules.add(alias.name)
+                    if alias.asname:
+                        table.aliases[alias.asname] = alias.name
+                    else:
+                        root = alias.name.split(".")[0]
+                        table.aliases.setdefault(root, root)
+            elif isinstance(node, ast.ImportFrom):
+                base = "." * node.level + (node.module or "")
+                table.modules.add(base)
+                for alias in node.names:
+                    if alias.name == "*":
+                        continue
+                    sep = "" if base.endswith(".") else "."
+                    table.aliases[alias.asname or alias.name] = f"{base}{sep}{alias.name}"
+        return table
+
+    def resolve(self, dotted: str | None) -> str | None:
+        """``nn.Linear`` → ``torch.nn.Linear`` when ``nn`` was imported as ``torch.nn``."""
+        if not dotted:
+            return None
+        root, _, rest = dotted.partition(".")
+        target = self.aliases.get(root)
+        if target is None:
+            return dotted
+        return f"{target}.{rest}" if rest else target
+
+    def qualname(self, node: cst.BaseExpression) -> str | None:
+        """The qualified name of a LibCST Name/Attribute chain, else None."""
+        return self.resolve(dotted_name(node))
+
+    def ast_qualname(self, node: ast.AST) -> str | None:
+        """The qualified name of an ``ast`` Name/Attribute chain, else None."""
+        return self.resolve(ast_dotted_name(node))
+
+
+def dotted_name(node: cst.BaseExpression) -> str | None:
+    """``a.b.c`` for a chain of LibCST Name/Attribute nodes, else None."""
+    parts: list[str] = []
+    while isinstance(node, cst.Attribute):
+        parts.append(node.attr.value)
+        node = node.value
+    if not isinstance(node, cst.Name):
+        return None
+    parts.append(node.value)
+    return ".".join(reversed(parts))
+
+
+def ast_dotted_name(node: ast.AST) -> str | None:
+    """``a.b.c`` for a chain of ``ast`` Name/Attribute nodes, else None."""
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    parts.append(node.id)
+    return ".".join(reversed(parts))

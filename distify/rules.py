@@ -1,0 +1,164 @@
+"""Rule packs: what counts as a model, an optimizer, a DataLoader, a save, a guard, ... as data.
+
+A rule pack is a YAML file (``yaml.safe_load``) mapping a *category* to a list of entries. An entry
+is a qualified-name pattern (``torch.optim.*``) or a mapping with a ``name`` pattern and extra
+fields for the rule that uses it (``{name: torch.save, kind: save}``). In patterns ``*`` matches
+one dotted segment (or part of one) and ``**`` any number of segments, so ``torch.optim.*``
+matches ``torch.optim.SGD`` but not ``torch.optim.lr_scheduler.StepLR``.
+
+The packs shipped in ``rules/`` are always loaded; users add their own with ``--rules FILE`` or
+``[tool.distify] rules = [...]`` in ``pyproject.toml``. Entries from every pack are merged.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import yaml
+
+from distify.errors import UserError
+
+#: Every category a pack may define, with what it means.
+CATEGORIES: dict[str, str] = {
+    "models": "callables that build a model (nn.Module) to train",
+    "model_bases": "base classes: a local class deriving from one of these is a model class",
+    "optimizers": "optimizer constructors",
+    "schedulers": "learning-rate scheduler constructors",
+    "dataloaders": "DataLoader constructors",
+    "samplers": "sampler classes distify knows how to shard",
+    "saves": "calls that write a checkpoint; `runtime:` names the distify.runtime replacement",
+    "loads": "calls that read a checkpoint; `runtime:` names the distify.runtime replacement",
+    "device_selectors": "calls that pick a single device; replaced by the runtime's device",
+    "device_pinning": "calls that pin one device for the process; removed by convert",
+    "side_effects": "calls that write files, logs or trackers (`kind:` save|write|tracker|fs)",
+    "collectives": "calls every rank must reach (barriers, reductions, gathers)",
+    "guards": "names whose truth means 'this is the main process'",
+    "guard_decorators": "decorators that run a function on the main process only",
+    "distributed_markers": "imports or calls that mean a file is already distributed",
+}
+
+_BUNDLED = "distify.bundled_rules"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One rule entry: a qualified-name pattern plus the fields its category uses."""
+
+    pattern: str
+    fields: Mapping[str, Any] = field(default_factory=dict)
+    source: str = ""
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.fields.get(key, default)
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    """The merged rule packs. Look entries up with :meth:`match`."""
+
+    entries: Mapping[str, tuple[Entry, ...]]
+
+    def match(self, category: str, qualname: str | None) -> Entry | None:
+        """The first entry of ``category`` whose pattern matches ``qualname``, else None."""
+        if not qualname:
+            return None
+        for entry in self.entries.get(category, ()):
+            if _compile(entry.pattern).fullmatch(qualname):
+                return entry
+        return None
+
+    def names(self, category: str) -> tuple[str, ...]:
+        return tuple(entry.pattern for entry in self.entries.get(category, ()))
+
+
+@functools.lru_cache(maxsize=None)
+def _compile(pattern: str) -> re.Pattern[str]:
+    parts = []
+    for piece in re.split(r"(\*\*|\*)", pattern):
+        if piece == "**":
+            parts.append(r".*")
+        elif piece == "*":
+            parts.append(r"[^.]*")
+        else:
+            parts.append(re.escape(piece))
+    return re.compile("".join(parts))
+
+
+def load_rules(extra: Iterable[str | Path] = ()) -> RuleSet:
+    """Load the bundled packs, then each file in ``extra``, and merge them.
+
+    Args:
+        extra: paths of user rule packs.
+
+    Raises:
+        UserError: a pack is missing, is not valid YAML, or does not follow the schema.
+    """
+    merged: dict[str, list[Entry]] = {name: [] for name in CATEGORIES}
+    for name, text in _bundled_packs():
+        _merge(merged, _parse(text, name))
+    for path in extra:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as err:
+            raise UserError(f"cannot read rule pack: {err.strerror}", path=str(path)) from None
+        _merge(merged, _parse(text, str(path)))
+    return RuleSet({name: tuple(entries) for name, entries in merged.items()})
+
+
+@functools.lru_cache(maxsize=1)
+def default_rules() -> RuleSet:
+    """The bundled packs alone (cached: they never change within a process)."""
+    return load_rules()
+
+
+def _bundled_packs() -> list[tuple[str, str]]:
+    folder = resources.files(_BUNDLED)
+    packs = [item for item in folder.iterdir() if item.name.endswith(".yaml")]
+    return [(f"rules/{item.name}", item.read_text(encoding="utf-8"))
+            for item in sorted(packs, key=lambda item: item.name)]
+
+
+def _merge(into: dict[str, list[Entry]], pack: dict[str, list[Entry]]) -> None:
+    for category, entries in pack.items():
+        into[category].extend(entries)
+
+
+def _parse(text: str, source: str) -> dict[str, list[Entry]]:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        line, col = (mark.line + 1, mark.column + 1) if mark else (None, None)
+        problem = getattr(err, "problem", None) or "invalid YAML"
+        raise UserError(f"rule pack is not valid YAML: {problem}", path=source, line=line,
+                        col=col) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError("rule pack must be a mapping of category to list", path=source)
+    pack: dict[str, list[Entry]] = {}
+    for category, items in data.items():
+        if category in ("pack", "description"):
+            continue
+        if category not in CATEGORIES:
+            known = ", ".join(sorted(CATEGORIES))
+            raise UserError(f"unknown rule category {category!r} (known: {known})", path=source)
+        if not isinstance(items, list):
+            raise UserError(f"{category}: expected a list of entries", path=source)
+        pack[category] = [_entry(category, item, source) for item in items]
+    return pack
+
+
+def _entry(category: str, item: Any, source: str) -> Entry:
+    if isinstance(item, str) and item.strip():
+        return Entry(item.strip(), {}, source)
+    if isinstance(item, dict) and isinstance(item.get("name"), str) and item["name"].strip():
+        fields = {key: value for key, value in item.items() if key != "name"}
+        return Entry(item["name"].strip(), fields, source)
+    raise UserError(f"{category}: each entry must be a name or a mapping with a 'name' "
+                    f"(got {item!r})", path=source)
