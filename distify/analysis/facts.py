@@ -1,0 +1,100 @@
+"""Whole-file facts gathered with the standard library's fast ``ast`` parser, before any rewrite.
+
+These are the facts a rewrite needs about the *whole* file before it touches the first line:
+which names are imported from where, whether the file is already distributed, which local
+classes are models, and which names are taken (so the runtime's import collides with nothing).
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+
+from distify.analysis.names import ImportMap
+from distify.errors import UserError
+from distify.rules import RuleSet
+
+# Cheap substring test before walking the tree for distributed markers.
+_MARKER_HINTS = ("distributed", "Distributed", "accelerate", "lightning", "deepspeed", "horovod",
+                 "ray", "spawn", "local_rank", "RANK", "distify", "Process")
+_RANK_ENV = {"RANK", "LOCAL_RANK", "WORLD_SIZE"}
+
+
+@dataclass
+class FileFacts:
+    imports: ImportMap
+    #: why the file counts as already distributed, with the line, or None
+    distributed: tuple[int, str] | None = None
+    #: local classes whose bases resolve to a model base (nn.Module, PreTrainedModel, ...)
+    model_classes: set[str] = field(default_factory=set)
+    #: every identifier the file binds or reads
+    names: set[str] = field(default_factory=set)
+
+
+def parse_ast(source: bytes, path: str) -> ast.Module:
+    """Parse with ``ast``; a syntax error becomes a one-line :class:`UserError` with position."""
+    try:
+        return ast.parse(source, filename=path)
+    except SyntaxError as err:
+        raise UserError(f"syntax error: {err.msg}", path=path, line=err.lineno,
+                        col=err.offset) from None
+    except (ValueError, UnicodeDecodeError) as err:  # null bytes, undecodable text
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise UserError(f"cannot read as Python source: {reason}", path=path, line=1,
+                        col=1) from None
+
+
+def gather_facts(tree: ast.Module, source: bytes, rules: RuleSet) -> FileFacts:
+    """Collect :class:`FileFacts` in one walk of ``tree``."""
+    facts = FileFacts(imports=ImportMap.from_ast(tree))
+    check_markers = any(hint.encode() in source for hint in _MARKER_HINTS)
+    classes: list[ast.ClassDef] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            facts.names.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            facts.names.add(node.name)
+        elif isinstance(node, ast.ClassDef):
+            facts.names.add(node.name)
+            classes.append(node)
+        elif isinstance(node, ast.arg):
+            facts.names.add(node.arg)
+        if check_markers and facts.distributed is None:
+            facts.distributed = _marker(node, facts.imports, rules)
+    facts.names.update(facts.imports.aliases)
+    facts.model_classes = _model_classes(classes, facts.imports, rules)
+    return facts
+
+
+def _marker(node: ast.AST, imports: ImportMap, rules: RuleSet) -> tuple[int, str] | None:
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                 else [f"{node.module}.{alias.name}" for alias in node.names] + [node.module])
+        for name in names:
+            if name and rules.match("distributed_markers", name):
+                return node.lineno, f"imports {name}"
+    elif isinstance(node, ast.Attribute):
+        qualname = imports.ast_qualname(node)
+        if qualname and rules.match("distributed_markers", qualname):
+            return node.lineno, f"uses {qualname}"
+    elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+        if node.value in ("--local_rank", "--local-rank") or node.value in _RANK_ENV:
+            return node.lineno, f"reads {node.value!r}"
+    return None
+
+
+def _model_classes(classes: list[ast.ClassDef], imports: ImportMap, rules: RuleSet) -> set[str]:
+    found: set[str] = set()
+    changed = True
+    while changed:  # a class deriving from a local model class is a model class too
+        changed = False
+        for cls in classes:
+            if cls.name in found:
+                continue
+            for base in cls.bases:
+                dotted = imports.ast_qualname(base)
+                if dotted in found or rules.match("model_bases", dotted):
+                    found.add(cls.name)
+                    changed = True
+                    break
+    return found

@@ -1,0 +1,164 @@
+"""Convert one file's source: parse, analyse, rewrite, and say what changed where.
+
+The conversion is static: the user's code is parsed, never imported or run. The output keeps the
+input's encoding (coding cookie, BOM), line endings, comments and formatting; lines distify does
+not touch come out byte for byte.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import libcst as cst
+
+from distify.analysis.facts import gather_facts, parse_ast
+from distify.analysis.positions import lines_of, start_line
+from distify.convert.transformer import DistifyTransformer
+from distify.errors import UserError
+from distify.rules import RuleSet, default_rules
+
+Status = Literal["converted", "unchanged", "already-distributed", "no-torch"]
+
+#: names tried, in order, for the runtime's import
+_RUNTIME_NAMES = ("distify", "distify_rt", "_distify")
+
+
+@dataclass(frozen=True)
+class Item:
+    """One line of the report: a change made, or a place that needs a human look."""
+
+    line: int
+    kind: str
+    message: str
+    needs_human: bool = False
+
+
+@dataclass(frozen=True)
+class FileResult:
+    """The outcome of converting one file."""
+
+    path: str
+    source: bytes
+    output: bytes
+    status: Status
+    changes: tuple[Item, ...] = ()
+    notes: tuple[Item, ...] = ()
+    batch_sizes: tuple[str, ...] = ()
+    reason: str = ""
+    runtime_name: str = "distify"
+
+    @property
+    def changed(self) -> bool:
+        return self.output != self.source
+
+
+def convert_source(source: bytes, path: str = "<string>", rules: RuleSet | None = None,
+                   runtime_module: str = "distify.runtime") -> FileResult:
+    """Convert one script's source.
+
+    Args:
+        source: the file's bytes (any encoding Python accepts: cookie, BOM, UTF-8).
+        path: used in messages only.
+        rules: the rule packs; the bundled ones by default.
+        runtime_module: what the added import imports (``distify_runtime`` for a standalone
+            conversion that copies the runtime beside the output).
+
+    Raises:
+        UserError: the source is not valid Python (the message carries ``path:line:col``).
+    """
+    rules = rules or default_rules()
+    tree = parse_ast(source, path)  # cheap, and a syntax error is reported even without torch
+    if b"torch" not in source:
+        return FileResult(path, source, source, "no-torch", reason="does not use torch")
+    facts = gather_facts(tree, source, rules)
+    if facts.distributed is not None:
+        line, why = facts.distributed
+        return FileResult(path, source, source, "already-distributed",
+                          reason=f"already distributed (line {line} {why})")
+    module = _parse_cst(source, path)
+    rt = next((n for n in _RUNTIME_NAMES if n not in facts.names), "_distify_runtime")
+    transformer = DistifyTransformer(facts, rules, rt)
+    updated = module.visit(transformer)
+    if not any(not e.needs_human for e in transformer.edits):
+        notes = _located(updated, transformer.edits)[1]
+        return FileResult(path, source, source, "unchanged", notes=notes,
+                          reason="nothing to convert")
+    updated = _add_import(updated, original=module, rt=rt, runtime_module=runtime_module)
+    changes, notes = _located(updated, transformer.edits)
+    return FileResult(path, source, updated.bytes, "converted", changes, notes,
+                      tuple(dict.fromkeys(transformer.batch_sizes)), runtime_name=rt)
+
+
+def _parse_cst(source: bytes, path: str) -> cst.Module:
+    try:
+        return cst.parse_module(source)
+    except cst.ParserSyntaxError as err:
+        raise UserError(f"LibCST cannot parse this file: {err.message}", path=path,
+                        line=err.raw_line, col=err.raw_column + 1) from None
+
+
+def _located(module: cst.Module, edits) -> tuple[tuple[Item, ...], tuple[Item, ...]]:
+    anchors = {id(edit): start_line(edit.node) for edit in edits}
+    _, lines = lines_of(module, anchors.values())
+    items = sorted(
+        (Item(lines.get(id(anchors[id(edit)]), 0), edit.kind, edit.message, edit.needs_human)
+         for edit in edits),
+        key=lambda item: item.line)
+    return (tuple(i for i in items if not i.needs_human),
+            tuple(i for i in items if i.needs_human))
+
+
+def _add_import(updated: cst.Module, *, original: cst.Module, rt: str,
+                runtime_module: str) -> cst.Module:
+    """Add ``import <runtime_module> as <rt>`` once: after the leading imports, and before the
+    first top-level statement the rewrite touched."""
+    alias = None if runtime_module.split(".")[-1] == rt and "." not in runtime_module else rt
+    stmt = cst.SimpleStatementLine(body=[cst.Import(names=[cst.ImportAlias(
+        name=cst.parse_expression(runtime_module),
+        asname=cst.AsName(cst.Name(alias)) if alias else None)])])
+    body = list(updated.body)
+    index = _insertion_index(body, original.body)
+    body.insert(index, stmt)
+    return updated.with_changes(body=body)
+
+
+def _is_import(stmt: cst.CSTNode) -> bool:
+    return isinstance(stmt, cst.SimpleStatementLine) and all(
+        isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body)
+
+
+def _is_docstring_or_future(stmt: cst.CSTNode) -> bool:
+    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
+        return False
+    small = stmt.body[0]
+    if isinstance(small, cst.Expr) and isinstance(small.value, (cst.SimpleString,
+                                                                cst.ConcatenatedString)):
+        return True
+    return isinstance(small, cst.ImportFrom) and dotted_module(small) == "__future__"
+
+
+def dotted_module(node: cst.ImportFrom) -> str:
+    return cst.Module([]).code_for_node(node.module) if node.module else ""
+
+
+def _first_touched(body: list, original_body) -> int:
+    """Index of the first top-level statement that runs at import time and was rewritten."""
+    code = cst.Module([]).code_for_node
+    for i, (new, old) in enumerate(zip(body, original_body)):
+        if isinstance(old, (cst.FunctionDef, cst.ClassDef)):
+            continue  # their bodies run later, after every top-level import
+        if code(new) != code(old):
+            return i
+    return len(body)
+
+
+def _insertion_index(body: list, original_body) -> int:
+    first_touched = _first_touched(body, original_body)
+    index = 0
+    for i, stmt in enumerate(body[:first_touched]):
+        if _is_import(stmt) or (i == index and _is_docstring_or_future(stmt)):
+            index = i + 1
+        elif isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+            break
+    return index
