@@ -36,6 +36,10 @@ def parse_ast(source: bytes, path: str) -> ast.Module:
     try:
         return ast.parse(source, filename=path)
     except SyntaxError as err:
+        if err.lineno is None and b"\0" in source:  # no position from the parser: find it
+            line = source[:source.index(b"\0")].count(b"\n") + 1
+            raise UserError("cannot read as Python source: it contains null bytes "
+                            "(a binary file?)", path=path, line=line, col=1) from None
         raise UserError(f"syntax error: {err.msg}", path=path, line=err.lineno,
                         col=err.offset) from None
     except (ValueError, UnicodeDecodeError) as err:  # null bytes, undecodable text

@@ -68,7 +68,7 @@ def convert(path: Path, output: Path | None, show_diff: bool, check_only: bool, 
         for item in converted:
             click.echo(colour_diff(unified_diff(item.result, str(_display(item)))), nl=False)
         return
-    write_planned(planned, in_place=in_place)
+    write_planned(planned, in_place=in_place, make_dirs=path.is_dir())
     config_note = None if no_config else _write_config(planned, path, mixed_precision, in_place)
     if standalone:
         folder = (planned[0].target.parent if not path.is_dir() else planned[0].target.parent)

@@ -20,6 +20,7 @@ from distify.rules import RuleSet, default_rules
 
 Status = Literal["converted", "unchanged", "already-distributed", "no-torch"]
 
+_TORCH_ROOTS = {"torch", "torchvision", "timm", "transformers"}
 #: names tried, in order, for the runtime's import
 _RUNTIME_NAMES = ("distify", "distify_rt", "_distify")
 
@@ -69,9 +70,9 @@ def convert_source(source: bytes, path: str = "<string>", rules: RuleSet | None 
     """
     rules = rules or default_rules()
     tree = parse_ast(source, path)  # cheap, and a syntax error is reported even without torch
-    if b"torch" not in source:
-        return FileResult(path, source, source, "no-torch", reason="does not use torch")
-    facts = gather_facts(tree, source, rules)
+    facts = gather_facts(tree, source, rules) if b"torch" in source else None
+    if facts is None or not any(m.split(".")[0] in _TORCH_ROOTS for m in facts.imports.modules):
+        return FileResult(path, source, source, "no-torch", reason="does not import torch")
     if facts.distributed is not None:
         line, why = facts.distributed
         return FileResult(path, source, source, "already-distributed",
@@ -101,9 +102,10 @@ def _parse_cst(source: bytes, path: str) -> cst.Module:
 def _located(module: cst.Module, edits) -> tuple[tuple[Item, ...], tuple[Item, ...]]:
     anchors = {id(edit): start_line(edit.node) for edit in edits}
     _, lines = lines_of(module, anchors.values())
+    # an edit whose node is no longer in the output was superseded by an outer rewrite
     items = sorted(
-        (Item(lines.get(id(anchors[id(edit)]), 0), edit.kind, edit.message, edit.needs_human)
-         for edit in edits),
+        (Item(lines[id(anchors[id(edit)])], edit.kind, edit.message, edit.needs_human)
+         for edit in edits if id(anchors[id(edit)]) in lines),
         key=lambda item: item.line)
     return (tuple(i for i in items if not i.needs_human),
             tuple(i for i in items if i.needs_human))

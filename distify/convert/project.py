@@ -79,8 +79,10 @@ def _check_outside(root: Path, out: Path) -> None:
                         "(use -i to convert in place)", path=str(out))
 
 
-def write_planned(planned: list[Planned], *, in_place: bool = False) -> list[Path]:
-    """Write the outputs; with ``in_place`` only changed files are rewritten. Returns written."""
+def write_planned(planned: list[Planned], *, in_place: bool = False,
+                  make_dirs: bool = False) -> list[Path]:
+    """Write the outputs; with ``in_place`` only changed files are rewritten; ``make_dirs``
+    creates missing folders (for a project). Returns the paths written."""
     written = []
     for item in planned:
         if item.result is None:
@@ -90,7 +92,8 @@ def write_planned(planned: list[Planned], *, in_place: bool = False) -> list[Pat
             continue
         if in_place and not item.result.changed:
             continue
-        item.target.parent.mkdir(parents=True, exist_ok=True)
+        if make_dirs:
+            item.target.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(item.target, item.result.output)
         written.append(item.target)
     return written

@@ -88,6 +88,8 @@ class DistifyTransformer(cst.CSTTransformer):
         self._pending_after: list[list[cst.BaseStatement]] = []
         self._pending_models: list[list[str]] = []
         self._unsharded_loop_reported = False
+        self._removed: list[str] = []
+        self._emptied: set[int] = set()
 
     # ---------------------------------------------------------------- helpers
     def _qual(self, node: cst.BaseExpression) -> str | None:
@@ -121,7 +123,7 @@ class DistifyTransformer(cst.CSTTransformer):
                 return any(self._loaderish(arg.value) for arg in node.args if not arg.keyword)
             return self.rules.match("dataloaders", self._qual(node.func)) is not None
         if isinstance(node, cst.Name):
-            return self._is_loader_name(node.value)
+            return self._is_loader_name(node.value) or "loader" in node.value.lower()
         if isinstance(node, cst.Attribute):
             return "loader" in node.attr.value.lower()
         return False
@@ -172,6 +174,8 @@ class DistifyTransformer(cst.CSTTransformer):
         models = self._pending_models.pop()
         if not updated.body:
             return cst.RemovalSentinel.REMOVE
+        if self._removed:
+            self._attach_removals(updated)
         if models:
             updated, after = self._prepare_models(updated, models, after)
             if isinstance(updated, cst.FlattenSentinel):
@@ -246,28 +250,32 @@ class DistifyTransformer(cst.CSTTransformer):
         return updated
 
     def _edit_removed(self, call: cst.Call) -> None:
-        name = dotted_name(call.func) or "device pinning"
-        self._removed = getattr(self, "_removed", [])
-        self._removed.append(name)
+        self._removed.append(dotted_name(call.func) or "device pinning")
+
+    def _attach_removals(self, anchor: cst.CSTNode) -> None:
+        """Report removed statements at the statement that now follows them."""
+        for name in self._removed:
+            self._edit(anchor, "device", f"removed {name}(...) just above: each process uses "
+                       "its own device")
+        self._removed = []
 
     def leave_IndentedBlock(self, original: cst.IndentedBlock,
                             updated: cst.IndentedBlock) -> cst.IndentedBlock:
-        updated = self._attach_removals(updated)
         if not updated.body:
-            return updated.with_changes(body=[cst.SimpleStatementLine([cst.Pass()])])
+            placeholder = cst.SimpleStatementLine([cst.Pass()])
+            self._emptied.add(id(placeholder))
+            return updated.with_changes(body=[placeholder])
         return updated
 
-    def _attach_removals(self, block):
-        removed = getattr(self, "_removed", [])
-        if not removed:
-            return block
-        self._removed = []
-        anchor = block.body[0] if block.body else None
-        for name in removed:
-            if anchor is not None:
-                self._edit(anchor, "device",
-                           f"removed {name}(...) here: each process uses its own device")
-        return block
+    def leave_If(self, original: cst.If, updated: cst.If):
+        """An ``if`` whose whole body was device pinning goes away with it."""
+        for loop in self._loops:  # re-anchor a recorded break on the output node
+            loop.breaks = [(updated.test if node is original else node, names)
+                           for node, names in loop.breaks]
+        body = updated.body.body
+        if (updated.orelse is None and len(body) == 1 and id(body[0]) in self._emptied):
+            return cst.RemovalSentinel.REMOVE
+        return updated
 
     # ---------------------------------------------------------------- loops
     def visit_For(self, node: cst.For) -> None:
@@ -318,7 +326,7 @@ class DistifyTransformer(cst.CSTTransformer):
         if not loop.has_backward:
             return
         for node, names in loop.breaks:
-            self._edit(node.test, "divergence", f"data-dependent exit from a training loop "
+            self._edit(node, "divergence", f"data-dependent exit from a training loop "
                        f"(depends on {names}): processes may leave at different steps and hang; "
                        f"decide on a reduced value, e.g. `{self.rt}.reduce(x, op='mean')`",
                        human=True)
@@ -443,15 +451,15 @@ class DistifyTransformer(cst.CSTTransformer):
             elif arg.star == "**":
                 self.batch_sizes.append(f"{_code(arg.value)}['batch_size']")
             if keyword in ("sampler", "batch_sampler"):
-                self._check_sampler(arg)
+                self._check_sampler(arg, wrapped)
         return wrapped
 
-    def _check_sampler(self, arg: cst.Arg) -> None:
+    def _check_sampler(self, arg: cst.Arg, anchor: cst.CSTNode) -> None:
         value = arg.value
         qual = self._qual(_callee(value)) if isinstance(value, cst.Call) else None
         if qual is not None and self.rules.match("samplers", qual):
             return
-        self._edit(arg, "sampler", f"custom {arg.keyword.value}: distify shards the indices it "
+        self._edit(anchor, "sampler", f"custom {arg.keyword.value}: distify shards the indices it "
                    "yields each epoch; make sure it does not shard by rank itself", human=True)
 
     def _in_model_class(self) -> bool:
@@ -466,9 +474,20 @@ class DistifyTransformer(cst.CSTTransformer):
                     found.append(root)
         return found
 
+    def leave_IfExp(self, original: cst.IfExp, updated: cst.IfExp) -> cst.BaseExpression:
+        """``"cuda" if cond else "cpu"`` → ``rt.device()``."""
+        branches = (original.body, original.orelse)
+        if any(_is_device_string(b) for b in branches) and any(_is_cpu(b) for b in branches):
+            new = self._rt_call("device")
+            self._edit(new, "device", "each process uses its own device")
+            return new
+        return updated
+
     # ---------------------------------------------------------------- module
     def leave_Module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
-        return self._attach_removals(updated)
+        if self._removed and updated.body:
+            self._attach_removals(updated.body[-1])
+        return updated
 
 
 # -------------------------------------------------------------------- pure helpers
@@ -581,6 +600,14 @@ def _is_device_string(node: cst.BaseExpression) -> bool:
         text = node.evaluated_value
         return isinstance(text, str) and text.split(":")[0] in _DEVICE_WORDS
     return False
+
+
+def _is_cpu(node: cst.BaseExpression) -> bool:
+    if isinstance(node, cst.SimpleString):
+        return node.evaluated_value == "cpu"
+    return (isinstance(node, cst.Call) and len(node.args) == 1
+            and isinstance(node.args[0].value, cst.SimpleString)
+            and node.args[0].value.evaluated_value == "cpu")
 
 
 def _selects_accelerator(call: cst.Call, qual: str) -> bool:
