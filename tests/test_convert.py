@@ -264,7 +264,7 @@ def test_cli_bad_input_one_line_exit_2(workdir: Path, args, message) -> None:
 
 @pytest.mark.parametrize("content, where", [
     (b"import torch\ndef f(:\n    pass\n", "bad.py:2:7: syntax error"),
-    (b"import torch\n\x00\x01binary", "bad.py:1:1: cannot read as Python source"),
+    (b"import torch\n\x00\x01binary", "bad.py:2:1: cannot read as Python source"),
     (b"import torch\nx = '\xff\xfe'\n", "bad.py:2"),
 ], ids=["syntax", "binary", "bad-encoding"])
 def test_cli_unparsable_input_writes_nothing(workdir: Path, content: bytes, where: str) -> None:

@@ -1,11 +1,53 @@
-"""`distify config` (placeholder until its issue lands)."""
+"""`distify config`: the wizard that writes a launch config."""
 
 from __future__ import annotations
 
+import sys
+
 import click
 
+from distify.commands.launch import accelerate_option, config_options
 
-@click.command(name="config")
-def config() -> None:
-    """Not implemented yet."""
-    raise click.ClickException("distify config is not implemented yet")
+DEFAULT_PATH = "distify_config.yaml"
+
+
+def _stdin_is_terminal() -> bool:
+    return sys.stdin.isatty()
+
+
+@click.command(
+    name="config",
+    epilog="""\b
+Examples:
+  distify config                                    # answer the questions
+  distify config --num_processes 8 --mixed_precision bf16 --yes
+  distify config --num_machines 2 --machine_rank 1 --main_process_ip 10.0.0.1 \\
+      --num_processes 16 --config_file node1.yaml --yes
+  distify launch --config_file distify_config.yaml train_dist.py
+""",
+)
+@accelerate_option("config_file", type=click.Path(dir_okay=False), default=DEFAULT_PATH,
+                   show_default=True, help="Where to write the config.")
+@config_options
+@click.option("--cpu/--no-cpu", " /--no_cpu", "use_cpu", default=None,
+              help="Run on CPUs only, even where GPUs are present.")
+@click.option("--debug/--no-debug", " /--no_debug", "debug", default=None,
+              help="Check distributed operations for mismatches while running (slower).")
+@click.option("-y", "--yes", is_flag=True,
+              help="Ask nothing: take the defaults for every question not given as a flag.")
+def config(config_file: str, yes: bool, **answers: object) -> None:
+    """Write a launch config (YAML, Accelerate's schema) by asking a few questions.
+
+    Every question is also a flag; a question answered by a flag is not asked. Without a
+    terminal on stdin, or with --yes, nothing is asked and the rest take their defaults. The
+    file works with `distify launch --config_file` and `accelerate launch --config_file`.
+    """
+    from distify.launch.config import write_config
+    from distify.launch.wizard import run_wizard
+
+    cfg = run_wizard(answers, interactive=not yes and _stdin_is_terminal())
+    write_config(cfg, config_file)
+    machines = f"{cfg.num_machines} machines" if cfg.num_machines > 1 else "1 machine"
+    click.echo(f"distify: wrote {config_file} ({cfg.num_processes} process(es) on {machines}, "
+               f"mixed precision {cfg.mixed_precision})")
+    click.echo(f"Launch with: distify launch --config_file {config_file} SCRIPT")

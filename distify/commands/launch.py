@@ -1,11 +1,118 @@
-"""`distify launch` (placeholder until its issue lands)."""
+"""`distify launch`: run a script on N processes through torchrun, from a launch config."""
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+
 import click
 
+from distify.errors import UserError
 
-@click.command(name="launch")
-def launch() -> None:
-    """Not implemented yet."""
-    raise click.ClickException("distify launch is not implemented yet")
+
+def accelerate_option(name: str, *decls: str, **kwargs):
+    """A click option spelled like Accelerate's, with underscores and with dashes."""
+    dashed = name.replace("_", "-")
+    spellings = [f"--{name}"] + ([f"--{dashed}"] if dashed != name else [])
+    return click.option(*spellings, *decls, name, **kwargs)
+
+
+def config_options(func):
+    """The options that set launch-config values, shared by `launch` and `config`."""
+    options = [
+        accelerate_option("num_processes", type=click.IntRange(1),
+                          help="Processes in total, over all machines."),
+        accelerate_option("num_machines", type=click.IntRange(1), help="Machines in the job."),
+        accelerate_option("machine_rank", type=click.IntRange(0),
+                          help="This machine's rank (0 hosts the main process)."),
+        accelerate_option("main_process_ip", help="Address of the machine with rank 0."),
+        accelerate_option("main_process_port", type=click.IntRange(0, 65535),
+                          help="Port on the machine with rank 0 for the rendezvous."),
+        accelerate_option("rdzv_backend", type=click.Choice(["static", "c10d"]),
+                          help="How machines meet: static ranks, or c10d (elastic)."),
+        accelerate_option("mixed_precision", type=click.Choice(["no", "fp16", "bf16"]),
+                          help="Autocast precision, passed to the runtime."),
+        accelerate_option("gpu_ids", help="GPUs to use on each machine: 'all' or ids like 0,1."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+@click.command(
+    name="launch",
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    epilog="""\b
+Examples:
+  distify launch train_dist.py                      # uses train_dist.yaml beside it
+  distify launch --num_processes 2 train_dist.py --epochs 3
+  distify launch --num_machines 2 --machine_rank 0 --num_processes 16 \\
+      --main_process_ip 10.0.0.1 --main_process_port 29500 train_dist.py
+  distify launch --dry-run train_dist.py            # print the torchrun command
+  distify launch --slurm --num_machines 4 train_dist.py > job.sbatch
+""",
+)
+@accelerate_option("config_file", type=click.Path(dir_okay=False),
+                   help="Launch config (YAML, Accelerate's schema). Default: the script's "
+                        "sibling <stem>.yaml when present, else all local GPUs (or 1 process).")
+@config_options
+@click.option("--cpu", "use_cpu", is_flag=True, default=None,
+              help="Run on CPUs (Gloo) even where GPUs are present.")
+@accelerate_option("max_restarts", type=click.IntRange(0),
+                   help="Restart the workers up to N times after a failure (elastic).")
+@click.option("--dry-run", "--dry_run", "dry_run", is_flag=True,
+              help="Print the torchrun command and its environment instead of running it.")
+@click.option("--slurm", is_flag=True,
+              help="Print a Slurm batch script for num_machines nodes instead of running.")
+@click.argument("script", type=click.Path(dir_okay=False))
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+def launch(config_file: str | None, script: str, script_args: tuple[str, ...], dry_run: bool,
+           slurm: bool, **overrides: object) -> None:
+    """Run SCRIPT on N processes through torchrun (torch.distributed.run), on one machine or many.
+
+    Options override the launch config. Everything after SCRIPT (or after `--`) goes to the
+    script. The job runs in the foreground; Ctrl-C is passed on and its exit code is returned.
+    """
+    from distify.launch.config import default_config, load_config, with_overrides
+
+    if script_args[:1] == ("--",):
+        script_args = script_args[1:]
+    if dry_run and slurm:
+        raise UserError("--dry-run and --slurm both print instead of running: use one")
+    if not Path(script).is_file():
+        raise UserError("script not found", path=script)
+    source = config_file or _sibling_config(script)
+    cfg = load_config(source) if source else default_config()
+    cfg = with_overrides(cfg, **overrides)
+    if slurm:
+        from distify.launch.slurm import render_slurm
+
+        click.echo(render_slurm(cfg, script, script_args), nl=False)
+        return
+
+    from distify.launch.torchrun import build_plan, render_plan, run_plan
+
+    plan = build_plan(cfg, script, script_args)
+    if dry_run:
+        click.echo(render_plan(plan), nl=False)
+        return
+    if importlib.util.find_spec("torch") is None:
+        raise UserError(f"distify launch needs torch, which this Python ({sys.executable}) "
+                        "does not have: pip install torch")
+    click.echo(f"distify: {_summary(cfg)} (config: {source or 'defaults for this machine'})",
+               err=True)
+    click.get_current_context().exit(run_plan(plan))
+
+
+def _sibling_config(script: str) -> str | None:
+    sibling = Path(script).with_suffix(".yaml")
+    return str(sibling) if sibling.is_file() else None
+
+
+def _summary(cfg) -> str:
+    where = "CPU" if cfg.on_cpu else f"GPUs {cfg.gpu_ids}"
+    machines = (f"{cfg.num_machines} machines, this one rank {cfg.machine_rank}"
+                if cfg.num_machines > 1 else "1 machine")
+    return (f"{cfg.num_processes} process(es) on {machines}; {where}; "
+            f"mixed precision {cfg.mixed_precision}")

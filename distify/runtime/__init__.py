@@ -1,1 +1,46 @@
-"""Placeholder: the runtime lands with its issue."""
+"""distify's runtime: what converted scripts call (``import distify.runtime as distify``).
+
+It depends on torch and the standard library only, so a standalone conversion can copy this
+folder beside the script. Everything works without a launcher (one process, no process group);
+under torchrun, ``distify launch``, ``accelerate launch`` or Ray Train it runs DDP.
+"""
+
+try:
+    import torch  # noqa: F401
+except ImportError as _err:
+    raise ImportError("distify's runtime needs PyTorch, which is not installed: "
+                      "pip install torch (or pip install \"distify[torch]\")") from _err
+
+from ._collectives import (
+    gather,
+    gather_for_metrics,
+    local_main_process_first,
+    main_process_first,
+    reduce,
+    wait_for_everyone,
+)
+from ._errors import DistifyError, DistifyTypeError
+from ._io import load, on_main_process, print, save, set_seed
+from ._model import unwrap
+from ._precision import autocast, backward, clip_grad_norm_, clip_grad_value_
+from ._prepare import prepare
+from ._state import (
+    device,
+    init,
+    is_local_main_process,
+    is_main_process,
+    local_rank,
+    local_world_size,
+    mixed_precision,
+    rank,
+    world_size,
+)
+
+__all__ = [
+    "DistifyError", "DistifyTypeError", "autocast", "backward", "clip_grad_norm_",
+    "clip_grad_value_", "device", "gather", "gather_for_metrics", "init",
+    "is_local_main_process", "is_main_process", "load", "local_main_process_first",
+    "local_rank", "local_world_size", "main_process_first", "mixed_precision", "on_main_process",
+    "prepare", "print", "rank", "reduce", "save", "set_seed", "unwrap", "wait_for_everyone",
+    "world_size",
+]
