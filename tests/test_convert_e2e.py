@@ -1,0 +1,134 @@
+"""End to end: run each training fixture and its conversion, and compare what they compute.
+
+- world size 1, plain ``python``: the conversion prints exactly what the original prints and
+  saves a checkpoint with the same keys and the same values;
+- world size 2 under ``torchrun`` (Gloo, CPU) with half the per-process batch: the same global
+  batches, so the results match the original within float tolerance, evaluation counts exactly,
+  and only one process prints and writes.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tests.helpers import FIXTURES, REPO, clean_env, run_python, run_torchrun  # noqa: E402
+
+CONVERT = FIXTURES / "convert"
+
+# fixture → (arguments with the batch size as {bs}, batch size, checkpoint written)
+CASES = {
+    "mnist_style": (["--batch-size", "{bs}", "--epochs", "2", "--save-model"], 32,
+                    "synthetic_cnn.pt"),
+    "flat_script": (["{bs}"], 32, "flat.pt"),
+    "trainer_class": (["--batch-size", "{bs}", "--epochs", "2"], 32, "trainer.pt"),
+}
+
+
+def _args(name: str, batch: int) -> list[str]:
+    return [a.replace("{bs}", str(batch)) for a in CASES[name][0]]
+
+
+def _prepare(tmp: Path, name: str, variant: str) -> Path:
+    folder = tmp / variant
+    folder.mkdir()
+    suffix = "in" if variant == "original" else "out"
+    shutil.copy(CONVERT / f"{name}.{suffix}.py", folder / "train.py")
+    return folder
+
+
+def _env() -> dict:
+    return clean_env(PYTHONPATH=str(REPO))
+
+
+def _result(stdout: str) -> dict | None:
+    lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
+    return json.loads(lines[-1][len("RESULT "):]) if lines else None
+
+
+def _flat_state(obj, prefix=""):
+    if isinstance(obj, dict):
+        out = {}
+        for key, value in obj.items():
+            out.update(_flat_state(value, f"{prefix}{key}."))
+        return out
+    if isinstance(obj, (list, tuple)):
+        out = {}
+        for index, value in enumerate(obj):
+            out.update(_flat_state(value, f"{prefix}{index}."))
+        return out
+    return {prefix.rstrip("."): obj}
+
+
+@pytest.fixture(scope="module")
+def originals(tmp_path_factory) -> dict[str, tuple[str, dict]]:
+    """Each original fixture run once with plain python: its stdout and checkpoint."""
+    runs = {}
+    for name, (_, batch, ckpt) in CASES.items():
+        folder = _prepare(tmp_path_factory.mktemp(name), name, "original")
+        proc = run_python(folder / "train.py", *_args(name, batch), cwd=folder, env=_env())
+        runs[name] = (proc.stdout, _flat_state(torch.load(folder / ckpt)))
+    return runs
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_world_size_one_is_exactly_the_original(name, originals, tmp_path) -> None:
+    _, batch, ckpt = CASES[name]
+    folder = _prepare(tmp_path, name, "converted")
+    proc = run_python(folder / "train.py", *_args(name, batch), cwd=folder, env=_env())
+    stdout, state = originals[name]
+    assert proc.stdout == stdout
+    converted = _flat_state(torch.load(folder / ckpt))
+    assert converted.keys() == state.keys()
+    for key, value in state.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(converted[key], value), key
+        else:
+            assert converted[key] == value, key
+    assert sorted(p.name for p in folder.iterdir()) == sorted([ckpt, "train.py"])
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_two_processes_match_the_original(name, originals, tmp_path) -> None:
+    _, batch, ckpt = CASES[name]
+    folder = _prepare(tmp_path, name, "converted")
+    proc = run_torchrun(folder / "train.py", *_args(name, batch // 2), nproc=2, cwd=folder,
+                        env=_env())
+    stdout, state = originals[name]
+    # one writer: every line printed once, one checkpoint, no stray temporary files
+    assert len(proc.stdout.splitlines()) == len(stdout.splitlines())
+    assert sorted(p.name for p in folder.iterdir()) == sorted([ckpt, "train.py"])
+    converted = _flat_state(torch.load(folder / ckpt))
+    assert converted.keys() == state.keys()
+    for key, value in state.items():
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            torch.testing.assert_close(converted[key], value, rtol=1e-3, atol=1e-4)
+    _compare_metrics(name, _result(proc.stdout), _result(stdout), proc.stdout, stdout)
+
+
+def _compare_metrics(name, got, want, got_text, want_text) -> None:
+    if name == "flat_script":
+        assert got["seen"] == want["seen"] == 203
+        assert got["val_mse"] == pytest.approx(want["val_mse"], rel=1e-3)
+        assert got["lr"] == pytest.approx(want["lr"])
+    elif name == "trainer_class":
+        # the model before training is the same on every process: counts exactly equal
+        assert got["before"]["correct"] == want["before"]["correct"]
+        assert got["before"]["seen"] == want["before"]["seen"] == 251
+        assert got["before"]["loss"] == pytest.approx(want["before"]["loss"], rel=1e-6)
+        assert got["after"]["seen"] == 251
+        assert got["after"]["loss"] == pytest.approx(want["after"]["loss"], rel=1e-3)
+    else:
+        got_tests = [line for line in got_text.splitlines() if "Test set" in line]
+        want_tests = [line for line in want_text.splitlines() if "Test set" in line]
+        assert len(got_tests) == len(want_tests) == 2
+        for g, w in zip(got_tests, want_tests):
+            assert g.split("Accuracy: ")[1].endswith("/251")
+            g_loss = float(g.split("Average loss: ")[1].split(",")[0])
+            w_loss = float(w.split("Average loss: ")[1].split(",")[0])
+            assert g_loss == pytest.approx(w_loss, abs=2e-4)
