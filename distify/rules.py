@@ -40,6 +40,20 @@ CATEGORIES: dict[str, str] = {
     "guards": "names whose truth means 'this is the main process'",
     "guard_decorators": "decorators that run a function on the main process only",
     "distributed_markers": "imports or calls that mean a file is already distributed",
+    "data_parallel": "single-process multi-GPU wrappers that DDP replaces (the call is dropped)",
+    "data_parallel_functions": "functional data parallelism `f(module, inputs)` → `module(inputs)`",
+    "grad_scalers": "loss scalers: a script using one manages its own mixed precision",
+    "progress_bars": "progress bars shown on the main process only",
+    "logging_setup": "logging configuration: other processes log warnings and errors only",
+    "timestamps": "clock readings that name run folders and must agree across processes",
+    "rank_values": "expressions holding this process's rank; compared with 0 they make a guard",
+    "rank_env_vars": "environment variables that launchers set to the rank",
+    "process_exits": "calls that end the process (a rank-dependent one is an early exit)",
+    "wrappers": "objects or modules that prepare models and own the backward pass "
+                "(`prepare:`, `backward:`, `module:`, `conventional_names:`)",
+    "distributed_samplers": "samplers that shard a dataset across ranks (need `set_epoch`)",
+    "eval_contexts": "context managers and decorators that mark evaluation code",
+    "loggers": "calls that print or log a value",
 }
 
 _BUNDLED = "distify.bundled_rules"

@@ -66,6 +66,9 @@ class _Loop:
     assigned: set[str] = field(default_factory=set)
     has_backward: bool = False
     breaks: list[tuple[cst.CSTNode, str]] = field(default_factory=list)
+    #: ``if (i + 1) % accum == 0: optimizer.step()`` tests (gradient accumulation)
+    step_tests: list[cst.BaseExpression] = field(default_factory=list)
+    targets: set[str] = field(default_factory=set)
 
 
 _Stmt = Union[cst.SimpleStatementLine, cst.BaseCompoundStatement]
@@ -90,6 +93,14 @@ class DistifyTransformer(cst.CSTTransformer):
         self._unsharded_loop_reported = False
         self._removed: list[str] = []
         self._emptied: set[int] = set()
+        self._downloads: list[bool] = []
+        self._download_stmts: set[int] = set()
+        self._main_only_depth = 0
+        self._expr_depth = 0
+        self._expr_call: cst.BaseExpression | None = None
+        self._leaving: cst.Call | None = None
+        #: the script manages its own mixed precision (a GradScaler)
+        self.own_mixed_precision = False
 
     # ---------------------------------------------------------------- helpers
     def _qual(self, node: cst.BaseExpression) -> str | None:
@@ -154,28 +165,29 @@ class DistifyTransformer(cst.CSTTransformer):
         self._loops = self._loops_saved.pop()
         return updated
 
-    def visit_With(self, node: cst.With) -> None:
-        if any(self._qual(_callee(item.item)) in _NO_GRAD for item in node.items):
-            self._no_grad_depth += 1
-
-    def leave_With(self, original: cst.With, updated: cst.With) -> cst.With:
-        if any(self._qual(_callee(item.item)) in _NO_GRAD for item in original.items):
-            self._no_grad_depth -= 1
-        return updated
 
     # ---------------------------------------------------------------- statements
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
         self._pending_after.append([])
         self._pending_models.append([])
+        self._downloads.append(False)
 
     def leave_SimpleStatementLine(self, original: cst.SimpleStatementLine,
                                   updated: cst.SimpleStatementLine):
         after = self._pending_after.pop()
         models = self._pending_models.pop()
-        if not updated.body:
+        downloads = self._downloads.pop()
+        if not updated.body or _is_self_assignment(updated):
+            if updated.body:
+                self._removed.append("a wrapper DDP replaces")
             return cst.RemovalSentinel.REMOVE
         if self._removed:
             self._attach_removals(updated)
+        if downloads:
+            self._download_stmts.add(id(updated))
+        guarded = self._guard_side_effect(original, updated)
+        if guarded is not None:
+            return guarded
         if models:
             updated, after = self._prepare_models(updated, models, after)
             if isinstance(updated, cst.FlattenSentinel):
@@ -183,6 +195,79 @@ class DistifyTransformer(cst.CSTTransformer):
         if not after:
             return updated
         return cst.FlattenSentinel([updated, *after])
+
+    # ---------------------------------------------------------------- side effects
+    def _side_effect(self, call: cst.BaseExpression) -> str | None:
+        """The side-effect kind of ``call`` when it writes on every process, else None."""
+        if not isinstance(call, cst.Call):
+            return None
+        qual = self._qual(call.func)
+        if qual is None or self.rules.match("saves", qual):
+            return None
+        entry = self.rules.match("side_effects", qual)
+        if entry is None or _safe_by_keyword(call, entry.get("safe_if") or {}):
+            return None
+        if entry.get("mode_arg") is not None and not _writes(call, entry.get("mode_arg")):
+            return None
+        return entry.get("kind")
+
+    def _guard_side_effect(self, original: cst.SimpleStatementLine,
+                           updated: cst.SimpleStatementLine) -> cst.If | None:
+        if self._main_only_depth or len(original.body) != 1:
+            return None
+        small = original.body[0]
+        if not isinstance(small, cst.Expr) or self._side_effect(small.value) is None:
+            return None
+        what = dotted_name(small.value.func) or "this call"
+        return self._main_only(updated, f"{what}(...) runs on the main process only")
+
+    def _main_only(self, stmt, message: str) -> cst.If:
+        """``if rt.is_main_process():`` around ``stmt`` (which keeps its comments above)."""
+        guard = cst.If(test=self._rt_call("is_main_process"),
+                       body=cst.IndentedBlock([stmt.with_changes(leading_lines=())]),
+                       leading_lines=stmt.leading_lines)
+        self._edit(guard.test, "guard", message)
+        return guard
+
+    def visit_With(self, node: cst.With) -> None:
+        if any(self._qual(_callee(item.item)) in _NO_GRAD for item in node.items):
+            self._no_grad_depth += 1
+        if self._writes_file(node):
+            self._main_only_depth += 1
+
+    def leave_With(self, original: cst.With, updated: cst.With):
+        if any(self._qual(_callee(item.item)) in _NO_GRAD for item in original.items):
+            self._no_grad_depth -= 1
+        if self._writes_file(original):
+            self._main_only_depth -= 1
+            if not self._main_only_depth:
+                return self._main_only(updated, "file written by the main process only")
+        return updated
+
+    def _writes_file(self, node: cst.With) -> bool:
+        return any(self._side_effect(item.item) == "write" for item in node.items)
+
+    def _group_downloads(self, body: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        """Consecutive statements that download a dataset → ``with rt.main_process_first():``."""
+        out: list[cst.BaseStatement] = []
+        run: list[cst.BaseStatement] = []
+        for stmt in [*body, None]:
+            if stmt is not None and id(stmt) in self._download_stmts:
+                run.append(stmt)
+                continue
+            if run:
+                first = run[0]
+                block = cst.With(items=[cst.WithItem(self._rt_call("main_process_first"))],
+                                 body=cst.IndentedBlock([first.with_changes(leading_lines=()),
+                                                         *run[1:]]),
+                                 leading_lines=first.leading_lines)
+                self._edit(block.items[0], "download", "the main process downloads the "
+                           "dataset first; the others wait, then read its copy")
+                out.append(block)
+                run = []
+            if stmt is not None:
+                out.append(stmt)
+        return out
 
     def _prepare_models(self, stmt: cst.SimpleStatementLine, models: list[str],
                         after: list[cst.BaseStatement]):
@@ -242,6 +327,8 @@ class DistifyTransformer(cst.CSTTransformer):
                 loop.accumulators.append(name)
 
     def leave_Expr(self, original: cst.Expr, updated: cst.Expr):
+        self._expr_depth -= 1
+        self._expr_call = None
         call = original.value
         if isinstance(call, cst.Call) and self.rules.match("device_pinning",
                                                            self._qual(call.func)):
@@ -255,8 +342,12 @@ class DistifyTransformer(cst.CSTTransformer):
     def _attach_removals(self, anchor: cst.CSTNode) -> None:
         """Report removed statements at the statement that now follows them."""
         for name in self._removed:
-            self._edit(anchor, "device", f"removed {name}(...) just above: each process uses "
-                       "its own device")
+            if name == "a wrapper DDP replaces":
+                message = "removed a statement just above that only re-wrapped the model " \
+                          "(nn.DataParallel): DDP replaces it"
+            else:
+                message = f"removed {name}(...) just above: each process uses its own device"
+            self._edit(anchor, "device", message)
         self._removed = []
 
     def leave_IndentedBlock(self, original: cst.IndentedBlock,
@@ -265,6 +356,8 @@ class DistifyTransformer(cst.CSTTransformer):
             placeholder = cst.SimpleStatementLine([cst.Pass()])
             self._emptied.add(id(placeholder))
             return updated.with_changes(body=[placeholder])
+        if self._download_stmts:
+            return updated.with_changes(body=self._group_downloads(updated.body))
         return updated
 
     def leave_If(self, original: cst.If, updated: cst.If):
@@ -272,6 +365,8 @@ class DistifyTransformer(cst.CSTTransformer):
         for loop in self._loops:  # re-anchor a recorded break on the output node
             loop.breaks = [(updated.test if node is original else node, names)
                            for node, names in loop.breaks]
+            loop.step_tests = [updated.test if test is original.test else test
+                               for test in loop.step_tests]
         body = updated.body.body
         if (updated.orelse is None and len(body) == 1 and id(body[0]) in self._emptied):
             return cst.RemovalSentinel.REMOVE
@@ -279,11 +374,14 @@ class DistifyTransformer(cst.CSTTransformer):
 
     # ---------------------------------------------------------------- loops
     def visit_For(self, node: cst.For) -> None:
-        self._loops.append(_Loop(loaderish=self._loaderish(node.iter)))
+        self._loops.append(_Loop(loaderish=self._loaderish(node.iter),
+                                 targets=_names_in(node.target)))
 
     def leave_For(self, original: cst.For, updated: cst.For):
         loop = self._loops.pop()
         self._report_breaks(loop)
+        if loop.has_backward and len(loop.step_tests) == 1:
+            updated = self._sync_on_step(updated, loop)
         if not (loop.loaderish and self._in_eval()) or loop.has_backward:
             return updated
         for name in loop.appended:
@@ -314,7 +412,21 @@ class DistifyTransformer(cst.CSTTransformer):
     def leave_Break(self, original: cst.Break, updated: cst.Break) -> cst.Break:
         return updated
 
+    def _sync_on_step(self, loop_node: cst.For, loop: _Loop) -> cst.For:
+        """Gradient accumulation: DDP synchronises only on the micro-step that steps."""
+        test = loop.step_tests[0]
+        if _names_in(test) & (loop.assigned - loop.targets):
+            return loop_node  # the condition is computed inside the loop: leave it to a human
+        sync = cst.SimpleStatementLine([cst.Expr(self._rt_call("sync_gradients",
+                                                               _strip_parens(test)))])
+        self._edit(sync, "accumulation", "gradient accumulation: gradients are synchronised "
+                   "across processes only on the micro-step that steps the optimizer")
+        body = loop_node.body
+        return loop_node.with_changes(body=body.with_changes(body=[sync, *body.body]))
+
     def visit_If(self, node: cst.If) -> None:
+        if self._loops and _has_modulo(node.test) and _calls_method(node.body, "step"):
+            self._loops[-1].step_tests.append(node.test)
         if not self._loops or not _breaks_out(node.body):
             return
         used = _names_in(node.test)
@@ -332,6 +444,15 @@ class DistifyTransformer(cst.CSTTransformer):
                        human=True)
 
     # ---------------------------------------------------------------- calls
+    @property
+    def _statement_call(self) -> bool:
+        """Is the call being left the whole of an expression statement (guarded there)?"""
+        return self._expr_depth > 0 and self._expr_call is self._leaving
+
+    def visit_Expr(self, node: cst.Expr) -> None:
+        self._expr_depth += 1
+        self._expr_call = node.value
+
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
         if isinstance(func, cst.Attribute) and func.attr.value == "eval" and not node.args:
@@ -343,6 +464,7 @@ class DistifyTransformer(cst.CSTTransformer):
                 self._loops[-1].appended.append(func.value.value)
 
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+        self._leaving = original
         qual = self._qual(original.func)
         if qual is not None:
             replaced = self._rewrite_named_call(original, updated, qual)
@@ -359,6 +481,44 @@ class DistifyTransformer(cst.CSTTransformer):
             return self._retarget(updated, "print", "print", "print on the main process only")
         if rules.match("dataloaders", qual):
             return self._prepare_loader(original, updated)
+        if any(arg.keyword and arg.keyword.value == "download" and not _is_false(arg.value)
+               for arg in original.args) and self._downloads:
+            self._downloads[-1] = True
+        if rules.match("data_parallel", qual) and updated.args:
+            module = updated.args[0].value
+            self._edit(module, "data-parallel", f"{qual} removed: each process runs DDP "
+                       "instead; `.module` still works, and checkpoints of model.state_dict() "
+                       "no longer carry the `module.` prefix")
+            return module
+        if rules.match("data_parallel_functions", qual) and len(updated.args) >= 2:
+            new = cst.Call(func=updated.args[0].value, args=[updated.args[1].with_changes(
+                comma=cst.MaybeSentinel.DEFAULT)])
+            self._edit(new, "data-parallel", f"{qual}(...) → a plain call: DDP replaces it")
+            return new
+        if rules.match("grad_scalers", qual):
+            self.own_mixed_precision = True
+            self._edit(updated, "mixed-precision", "this script manages its own mixed "
+                       "precision (a GradScaler): kept as written, it works under DDP; keep "
+                       "distify's --mixed-precision at 'no' so the loss is not scaled twice",
+                       human=True)
+            return None
+        if rules.match("progress_bars", qual) and not _has_keyword(updated, "disable"):
+            new = updated.with_changes(args=[*_with_trailing_comma(updated.args), cst.Arg(
+                keyword=cst.Name("disable"), value=cst.UnaryOperation(
+                    cst.Not(), self._rt_call("is_main_process")),
+                equal=_EQUAL)])
+            self._edit(new, "progress", "progress bar shown on the main process only")
+            return new
+        if rules.match("logging_setup", qual) and _has_keyword(updated, "level"):
+            return self._quiet_other_ranks(updated)
+        if rules.match("timestamps", qual) and qual.endswith("strftime"):
+            return self._agree(updated)
+        kind = self._side_effect(original)
+        if kind == "tracker" and not self._main_only_depth and not self._statement_call:
+            new = updated.with_changes(func=self._rt_call("on_main_process", updated.func))
+            self._edit(new, "guard", f"{qual}(...) runs on the main process only (other "
+                       "processes get an object that ignores every call)")
+            return new
         if rules.match("optimizers", qual) and not self._in_model_class():
             models = self._trained_models(original)
             if self._pending_models and models:
@@ -386,6 +546,24 @@ class DistifyTransformer(cst.CSTTransformer):
             return new
         return None
 
+    def _quiet_other_ranks(self, call: cst.Call) -> cst.Call:
+        args = []
+        for arg in call.args:
+            if arg.keyword and arg.keyword.value == "level":
+                arg = arg.with_changes(value=cst.IfExp(
+                    test=self._rt_call("is_main_process"), body=arg.value,
+                    orelse=cst.SimpleString('"WARNING"')))
+            args.append(arg)
+        new = call.with_changes(args=args)
+        self._edit(new, "logging", "other processes log warnings and errors only")
+        return new
+
+    def _agree(self, call: cst.Call) -> cst.Call:
+        new = self._rt_call("broadcast_object", call)
+        self._edit(new, "timestamp", "the main process's clock names the run, so every "
+                   "process agrees on it")
+        return new
+
     def _retarget(self, call: cst.Call, name: str, kind: str, message: str) -> cst.Call:
         """Call ``rt.<name>`` with the same arguments; keep aligned continuation lines aligned."""
         func = self._rt_attr(name)
@@ -402,7 +580,13 @@ class DistifyTransformer(cst.CSTTransformer):
         if receiver_qual.split(".")[0] in ("torch", "tf", "jax"):
             return updated
         if method == "backward":
+            if _is_method_call(func.value, "scale"):  # scaler.scale(loss).backward(): its own AMP
+                self._mark_backward()
+                return updated
             return self._rewrite_backward(updated, func)
+        if method == "strftime" and isinstance(func.value, cst.Call) \
+                and self.rules.match("timestamps", self._qual(original.func.value.func)):
+            return self._agree(updated)
         if method == "cuda":
             new = updated.with_changes(func=func.with_changes(attr=cst.Name("to")),
                                        args=[cst.Arg(self._rt_call("device"))])
@@ -419,13 +603,14 @@ class DistifyTransformer(cst.CSTTransformer):
         new = cst.Call(func=self._rt_attr("backward"),
                        args=[cst.Arg(func.value), *updated.args])
         self._edit(new, "backward", "backward through the runtime (loss scaling under fp16)")
-        if self._loops:
-            self._loops[-1].has_backward = True
-            for loop in self._loops:
-                loop.has_backward = True
-            if not any(loop.loaderish for loop in self._loops):
-                self._report_unsharded(new)
+        self._mark_backward(new)
         return new
+
+    def _mark_backward(self, node: cst.CSTNode | None = None) -> None:
+        for loop in self._loops:
+            loop.has_backward = True
+        if node is not None and self._loops and not any(l.loaderish for l in self._loops):
+            self._report_unsharded(node)
 
     def _report_unsharded(self, node: cst.CSTNode) -> None:
         if self._unsharded_loop_reported:
@@ -474,6 +659,12 @@ class DistifyTransformer(cst.CSTTransformer):
                     found.append(root)
         return found
 
+    def leave_FormattedStringExpression(self, original, updated):
+        expr = original.expression
+        if isinstance(expr, cst.Call) and self.rules.match("timestamps", self._qual(expr.func)):
+            return updated.with_changes(expression=self._agree(updated.expression))
+        return updated
+
     def leave_IfExp(self, original: cst.IfExp, updated: cst.IfExp) -> cst.BaseExpression:
         """``"cuda" if cond else "cpu"`` → ``rt.device()``."""
         branches = (original.body, original.orelse)
@@ -487,6 +678,8 @@ class DistifyTransformer(cst.CSTTransformer):
     def leave_Module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
         if self._removed and updated.body:
             self._attach_removals(updated.body[-1])
+        if self._download_stmts:
+            return updated.with_changes(body=self._group_downloads(updated.body))
         return updated
 
 
@@ -510,6 +703,94 @@ def _shift_continuations(call: cst.Call, delta: int) -> cst.Call:
             return updated.with_changes(last_line=cst.SimpleWhitespace(" " * width))
 
     return call.with_changes(args=[arg.visit(_Shift()) for arg in call.args])
+
+
+def _has_modulo(node: cst.CSTNode) -> bool:
+    found = False
+
+    class _Find(cst.CSTVisitor):
+        def visit_BinaryOperation(self, op: cst.BinaryOperation) -> None:
+            nonlocal found
+            found = found or isinstance(op.operator, cst.Modulo)
+
+    node.visit(_Find())
+    return found
+
+
+def _calls_method(node: cst.CSTNode, method: str) -> bool:
+    found = False
+
+    class _Find(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            nonlocal found
+            found = found or (isinstance(call.func, cst.Attribute)
+                              and call.func.attr.value == method)
+
+    node.visit(_Find())
+    return found
+
+
+def _strip_parens(node: cst.BaseExpression) -> cst.BaseExpression:
+    return node.with_changes(lpar=[], rpar=[]) if getattr(node, "lpar", None) else node
+
+
+_EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
+                        whitespace_after=cst.SimpleWhitespace(""))
+_WRITE_MODES = set("wax+")
+
+
+def _has_keyword(call: cst.Call, name: str) -> bool:
+    return any(arg.keyword is not None and arg.keyword.value == name for arg in call.args)
+
+
+def _with_trailing_comma(args: Sequence[cst.Arg]) -> list[cst.Arg]:
+    """The arguments, the last one followed by ``, `` so another can be appended."""
+    if not args:
+        return []
+    last = args[-1]
+    if last.comma == cst.MaybeSentinel.DEFAULT:
+        last = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    return [*args[:-1], last]
+
+
+def _is_false(node: cst.BaseExpression) -> bool:
+    return isinstance(node, cst.Name) and node.value in ("False", "None")
+
+
+def _is_method_call(node: cst.BaseExpression, method: str) -> bool:
+    return (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
+            and node.func.attr.value == method)
+
+
+def _is_self_assignment(stmt: cst.SimpleStatementLine) -> bool:
+    """``model = model`` (what ``model = nn.DataParallel(model)`` becomes)."""
+    if len(stmt.body) != 1 or not isinstance(stmt.body[0], cst.Assign):
+        return False
+    assign = stmt.body[0]
+    return (len(assign.targets) == 1 and dotted_name(assign.targets[0].target) is not None
+            and dotted_name(assign.targets[0].target) == dotted_name(assign.value))
+
+
+def _safe_by_keyword(call: cst.Call, safe_if: dict) -> bool:
+    """``os.makedirs(d, exist_ok=True)`` is safe on every process: a rule's ``safe_if``."""
+    for arg in call.args:
+        if arg.keyword is None or arg.keyword.value not in safe_if:
+            continue
+        wanted = safe_if[arg.keyword.value]
+        if wanted == "*" or (isinstance(arg.value, cst.Name) and arg.value.value == str(wanted)):
+            return True
+    return False
+
+
+def _writes(call: cst.Call, mode_arg: int) -> bool:
+    """Does an ``open``-like call open for writing (mode at ``mode_arg`` or ``mode=``)?"""
+    positional = [a for a in call.args if a.keyword is None and not a.star]
+    mode = next((a.value for a in call.args if a.keyword and a.keyword.value == "mode"), None)
+    if mode is None and len(positional) > mode_arg:
+        mode = positional[mode_arg].value
+    if isinstance(mode, cst.SimpleString):
+        return bool(set(str(mode.evaluated_value)) & _WRITE_MODES)
+    return False
 
 
 def _code(node: cst.CSTNode) -> str:
