@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from distify.convert.engine import FileResult, convert_source
 from distify.errors import UserError

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 import json
-from typing import Iterable
+from collections.abc import Iterable
 
 import click
 

@@ -1,0 +1,156 @@
+"""The state every rewrite shares: scopes, loops, the runtime's name, and the edits made."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from distify.analysis.facts import FileFacts
+from distify.convert.syntax import _LOOP_WRAPPERS, _NO_GRAD, _callee, _is_zero
+from distify.rules import RuleSet
+
+
+@dataclass(frozen=True)
+class Edit:
+    """One change or one note, attached to a node of the *output* tree (its line comes later)."""
+
+    node: cst.CSTNode
+    kind: str
+    message: str
+    needs_human: bool = False
+
+
+@dataclass
+class _Scope:
+    params: set[str] = field(default_factory=set)
+    loaders: set[str] = field(default_factory=set)
+    zero_inits: set[str] = field(default_factory=set)
+    lists: set[str] = field(default_factory=set)
+    prepared_models: set[str] = field(default_factory=set)
+    saw_eval: bool = False
+    no_grad: bool = False
+
+
+@dataclass
+class _Loop:
+    loaderish: bool
+    accumulators: list[str] = field(default_factory=list)
+    appended: list[str] = field(default_factory=list)
+    assigned: set[str] = field(default_factory=set)
+    has_backward: bool = False
+    breaks: list[tuple[cst.CSTNode, str]] = field(default_factory=list)
+    #: ``if (i + 1) % accum == 0: optimizer.step()`` tests (gradient accumulation)
+    step_tests: list[cst.BaseExpression] = field(default_factory=list)
+    targets: set[str] = field(default_factory=set)
+
+
+class TransformerBase(cst.CSTTransformer):
+    """Bookkeeping shared by the rewrite mixins; ``rt`` is the runtime's local name."""
+
+    def __init__(self, facts: FileFacts, rules: RuleSet, rt: str) -> None:
+        super().__init__()
+        self.facts = facts
+        self.rules = rules
+        self.rt = rt
+        self.edits: list[Edit] = []
+        self.batch_sizes: list[str] = []
+        self._scopes: list[_Scope] = [_Scope()]
+        self._loops: list[_Loop] = []
+        self._no_grad_depth = 0
+        self._classes: list[bool] = []  # True for a model class body
+        self._pending_after: list[list[cst.BaseStatement]] = []
+        self._pending_models: list[list[str]] = []
+        self._unsharded_loop_reported = False
+        self._removed: list[str] = []
+        self._emptied: set[int] = set()
+        self._downloads: list[bool] = []
+        self._download_stmts: set[int] = set()
+        self._main_only_depth = 0
+        self._expr_depth = 0
+        self._expr_call: cst.BaseExpression | None = None
+        self._leaving: cst.Call | None = None
+        #: the script manages its own mixed precision (a GradScaler)
+        self.own_mixed_precision = False
+
+    def _qual(self, node: cst.BaseExpression) -> str | None:
+        return self.facts.imports.qualname(node)
+
+    def _rt_attr(self, name: str) -> cst.Attribute:
+        return cst.Attribute(value=cst.Name(self.rt), attr=cst.Name(name))
+
+    def _rt_call(self, name: str, *args: cst.BaseExpression) -> cst.Call:
+        return cst.Call(func=self._rt_attr(name), args=[cst.Arg(value=a) for a in args])
+
+    def _edit(self, node: cst.CSTNode, kind: str, message: str, human: bool = False) -> None:
+        self.edits.append(Edit(node, kind, message, human))
+
+    @property
+    def _scope(self) -> _Scope:
+        return self._scopes[-1]
+
+    def _in_eval(self) -> bool:
+        return self._no_grad_depth > 0 or self._scope.saw_eval or self._scope.no_grad
+
+    def _is_loader_name(self, name: str) -> bool:
+        if name in self._scope.params or name in self._scope.loaders:
+            return True
+        return any(name in scope.loaders for scope in self._scopes[:-1])
+
+    def _loaderish(self, node: cst.BaseExpression) -> bool:
+        """Is ``node`` a DataLoader, or ``enumerate``/``tqdm``/``zip`` over one?"""
+        if isinstance(node, cst.Call):
+            if self._qual(node.func) in _LOOP_WRAPPERS and node.args:
+                return any(self._loaderish(arg.value) for arg in node.args if not arg.keyword)
+            return self.rules.match("dataloaders", self._qual(node.func)) is not None
+        if isinstance(node, cst.Name):
+            return self._is_loader_name(node.value) or "loader" in node.value.lower()
+        if isinstance(node, cst.Attribute):
+            return "loader" in node.attr.value.lower()
+        return False
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self._classes.append(node.name.value in self.facts.model_classes)
+
+    def leave_ClassDef(self, original: cst.ClassDef, updated: cst.ClassDef) -> cst.ClassDef:
+        self._classes.pop()
+        return updated
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        scope = _Scope()
+        params = node.params
+        for param in (*params.posonly_params, *params.params, *params.kwonly_params):
+            scope.params.add(param.name.value)
+        scope.no_grad = any(self._qual(_callee(d.decorator)) in _NO_GRAD
+                            for d in node.decorators)
+        self._scopes.append(scope)
+        self._loops_saved = getattr(self, "_loops_saved", [])
+        self._loops_saved.append(self._loops)
+        self._loops = []
+
+    def leave_FunctionDef(self, original: cst.FunctionDef,
+                          updated: cst.FunctionDef) -> cst.FunctionDef:
+        self._scopes.pop()
+        self._loops = self._loops_saved.pop()
+        return updated
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        value = node.value
+        names = [t.target.value for t in node.targets if isinstance(t.target, cst.Name)]
+        if isinstance(value, cst.Call) and self.rules.match("dataloaders", self._qual(value.func)):
+            self._scope.loaders.update(names)
+        if _is_zero(value):
+            self._scope.zero_inits.update(names)
+        if isinstance(value, cst.List) and not value.elements:
+            self._scope.lists.update(names)
+        for target in node.targets:
+            if isinstance(target.target, cst.Tuple) and isinstance(value, cst.Tuple):
+                for elem, val in zip(target.target.elements, value.elements):
+                    if isinstance(elem.value, cst.Name) and _is_zero(val.value):
+                        self._scope.zero_inits.add(elem.value.value)
+        if self._loops:
+            for name in names:
+                self._loops[-1].assigned.add(name)
+
+    def _in_model_class(self) -> bool:
+        return bool(self._classes) and self._classes[-1]

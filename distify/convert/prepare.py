@@ -1,0 +1,126 @@
+"""Rewrites that prepare what training needs: DataLoaders, optimizers, schedulers, models.
+
+DataLoader, optimizer and scheduler constructions are wrapped in ``rt.prepare(...)`` wherever
+they are built. The models an optimizer trains (the roots of ``X.parameters()`` in its
+arguments) are prepared together with it: ``model, optimizer = rt.prepare(model, optimizer)``.
+``nn.DataParallel`` wrappers are dropped, DDP replaces them. Deliberately not done: a module
+constructed but never handed to an optimizer (a loss, a frozen teacher) is left alone.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from distify.convert.base import TransformerBase
+from distify.convert.syntax import (
+    _assigned_value,
+    _callee,
+    _clone,
+    _code,
+    _is_rt_prepare,
+    _join,
+    _parameter_roots,
+    _shift_continuations,
+    _single_target,
+)
+
+
+class PrepareMixin(TransformerBase):
+    def _rewrite_prepare(self, original: cst.Call, updated: cst.Call,
+                         qual: str) -> cst.BaseExpression | None:
+        rules = self.rules
+        if rules.match("dataloaders", qual):
+            return self._prepare_loader(original, updated)
+        if rules.match("data_parallel", qual) and updated.args:
+            module = updated.args[0].value
+            self._edit(module, "data-parallel", f"{qual} removed: each process runs DDP "
+                       "instead; `.module` still works, and checkpoints of model.state_dict() "
+                       "no longer carry the `module.` prefix")
+            return module
+        if rules.match("data_parallel_functions", qual) and len(updated.args) >= 2:
+            new = cst.Call(func=updated.args[0].value, args=[updated.args[1].with_changes(
+                comma=cst.MaybeSentinel.DEFAULT)])
+            self._edit(new, "data-parallel", f"{qual}(...) → a plain call: DDP replaces it")
+            return new
+        if self._in_model_class():
+            return None
+        if rules.match("optimizers", qual):
+            models = self._trained_models(original)
+            if self._pending_models and models:
+                self._pending_models[-1].extend(models)
+                self._scope.prepared_models.update(models)
+            wrapped = self._wrap_prepare(updated)
+            self._edit(wrapped, "prepare-optimizer", "optimizer prepared (mixed-precision "
+                       "loss scaling when enabled)")
+            return wrapped
+        if rules.match("schedulers", qual):
+            wrapped = self._wrap_prepare(updated)
+            self._edit(wrapped, "prepare-scheduler", "LR scheduler prepared: one step per call, "
+                       "none after a skipped optimizer step")
+            return wrapped
+        return None
+
+    def _prepare_models(self, stmt: cst.SimpleStatementLine, models: list[str],
+                        after: list[cst.BaseStatement]):
+        """Prepare ``models`` together with the optimizer built in ``stmt``."""
+        target = _single_target(stmt)
+        value = _assigned_value(stmt)
+        exprs = [cst.parse_expression(m) for m in models]
+        if target is not None and isinstance(value, cst.Call) and _is_rt_prepare(value, self.rt):
+            # `optimizer = rt.prepare(optim.SGD(...))` → build it plainly, then prepare together.
+            inner = _shift_continuations(value.args[0].value, -len(f"{self.rt}.prepare("))
+            self.edits = [e for e in self.edits if e.node is not value]
+            stmt = stmt.with_changes(body=[stmt.body[0].with_changes(value=inner)])
+            names = [*exprs, target]
+            line = cst.SimpleStatementLine(body=[cst.Assign(
+                targets=[cst.AssignTarget(cst.Tuple([cst.Element(n) for n in names],
+                                                    lpar=[], rpar=[]))],
+                value=self._rt_call("prepare", *[_clone(n) for n in names]))])
+            self._edit(line, "prepare-model",
+                       f"{_join(models)} and its optimizer prepared: model moved to the "
+                       "device and wrapped in DDP when running on several processes")
+            return stmt, [line, *after]
+        before = []
+        for model, expr in zip(models, exprs):
+            line = cst.SimpleStatementLine(body=[cst.Assign(
+                targets=[cst.AssignTarget(expr)], value=self._rt_call("prepare", _clone(expr)))])
+            self._edit(line, "prepare-model", f"{model} prepared: moved to the device and "
+                       "wrapped in DDP when running on several processes")
+            before.append(line)
+        return cst.FlattenSentinel([*before, stmt, *after]), []
+
+    def _wrap_prepare(self, call: cst.Call) -> cst.Call:
+        prefix = f"{self.rt}.prepare("
+        return self._rt_call("prepare", _shift_continuations(call, len(prefix)))
+
+    def _prepare_loader(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        wrapped = self._wrap_prepare(updated)
+        message = "DataLoader prepared: each process gets its own shard, reshuffled every epoch"
+        self._edit(wrapped, "prepare-dataloader", message)
+        positional = [a for a in original.args if a.keyword is None and not a.star]
+        for arg in original.args:
+            keyword = arg.keyword.value if arg.keyword else None
+            if keyword == "batch_size" or (len(positional) > 1 and arg is positional[1]):
+                self.batch_sizes.append(_code(arg.value))
+            elif arg.star == "**":
+                self.batch_sizes.append(f"{_code(arg.value)}['batch_size']")
+            if keyword in ("sampler", "batch_sampler"):
+                self._check_sampler(arg, wrapped)
+        return wrapped
+
+    def _check_sampler(self, arg: cst.Arg, anchor: cst.CSTNode) -> None:
+        value = arg.value
+        qual = self._qual(_callee(value)) if isinstance(value, cst.Call) else None
+        if qual is not None and self.rules.match("samplers", qual):
+            return
+        self._edit(anchor, "sampler", f"custom {arg.keyword.value}: distify shards the indices it "
+                   "yields each epoch; make sure it does not shard by rank itself", human=True)
+
+    def _trained_models(self, call: cst.Call) -> list[str]:
+        """The models an optimizer trains: roots of ``X.parameters()`` in its arguments."""
+        found: list[str] = []
+        for arg in call.args:
+            for root in _parameter_roots(arg.value):
+                if root not in found and root not in self._scope.prepared_models:
+                    found.append(root)
+        return found

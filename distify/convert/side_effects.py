@@ -1,0 +1,186 @@
+"""Rewrites of side effects: one writer, one printer, one tracker; quiet logs elsewhere.
+
+``print`` → ``rt.print``; ``torch.save``/``torch.load`` → ``rt.save``/``rt.load``; a statement
+that writes a file, logs to a tracker or changes the filesystem (the ``side_effects`` rule pack)
+→ under ``if rt.is_main_process():``; a tracker object (``SummaryWriter(...)``) → built on the main
+process only (``rt.on_main_process(SummaryWriter)(...)``); progress bars shown on the main
+process; ``logging.basicConfig(level=...)`` → warnings only elsewhere; dataset downloads → under
+``rt.main_process_first()``; timestamps that name runs → the main process's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import libcst as cst
+
+from distify.analysis.names import dotted_name
+from distify.convert.base import TransformerBase
+from distify.convert.syntax import (
+    _EQUAL,
+    _NO_GRAD,
+    _callee,
+    _code,
+    _has_keyword,
+    _is_false,
+    _safe_by_keyword,
+    _shift_continuations,
+    _with_trailing_comma,
+    _writes,
+)
+
+
+class SideEffectMixin(TransformerBase):
+    def _rewrite_side_effect_call(self, original: cst.Call, updated: cst.Call,
+                                  qual: str) -> cst.BaseExpression | None:
+        rules = self.rules
+        if qual == "print" and "print" not in self.facts.imports.aliases:
+            return self._retarget(updated, "print", "print", "print on the main process only")
+        if self._downloads and any(arg.keyword and arg.keyword.value == "download"
+                                   and not _is_false(arg.value) for arg in original.args):
+            self._downloads[-1] = True
+        if rules.match("grad_scalers", qual):
+            self.own_mixed_precision = True
+            self._edit(updated, "mixed-precision", "this script manages its own mixed "
+                       "precision (a GradScaler): kept as written, it works under DDP; keep "
+                       "distify's --mixed-precision at 'no' so the loss is not scaled twice",
+                       human=True)
+            return None
+        if rules.match("progress_bars", qual) and not _has_keyword(updated, "disable"):
+            new = updated.with_changes(args=[*_with_trailing_comma(updated.args), cst.Arg(
+                keyword=cst.Name("disable"), value=cst.UnaryOperation(
+                    cst.Not(), self._rt_call("is_main_process")),
+                equal=_EQUAL)])
+            self._edit(new, "progress", "progress bar shown on the main process only")
+            return new
+        if rules.match("logging_setup", qual) and _has_keyword(updated, "level"):
+            return self._quiet_other_ranks(updated)
+        if rules.match("timestamps", qual) and qual.endswith("strftime"):
+            return self._agree(updated)
+        if (self._side_effect(original) == "tracker" and not self._main_only_depth
+                and not self._statement_call):
+            new = updated.with_changes(func=self._rt_call("on_main_process", updated.func))
+            self._edit(new, "guard", f"{qual}(...) runs on the main process only (other "
+                       "processes get an object that ignores every call)")
+            return new
+        for category, what in (("saves", "saved by the main process only, written atomically"),
+                               ("loads", "loaded onto this process's device")):
+            entry = rules.match(category, qual)
+            if entry is not None and entry.get("runtime"):
+                name = entry.get("runtime")
+                return self._retarget(updated, name, category[:-1],
+                                      f"{qual} → {self.rt}.{name}: {what}")
+        return None
+
+    def _rewrite_timestamp_method(self, original: cst.Call,
+                                  updated: cst.Call) -> cst.BaseExpression | None:
+        """``datetime.now().strftime(...)`` → the main process's reading."""
+        receiver = original.func.value
+        if isinstance(receiver, cst.Call) and \
+                self.rules.match("timestamps", self._qual(receiver.func)):
+            return self._agree(updated)
+        return None
+
+    def _side_effect(self, call: cst.BaseExpression) -> str | None:
+        """The side-effect kind of ``call`` when it writes on every process, else None."""
+        if not isinstance(call, cst.Call):
+            return None
+        qual = self._qual(call.func)
+        if qual is None or self.rules.match("saves", qual):
+            return None
+        entry = self.rules.match("side_effects", qual)
+        if entry is None or _safe_by_keyword(call, entry.get("safe_if") or {}):
+            return None
+        if entry.get("mode_arg") is not None and not _writes(call, entry.get("mode_arg")):
+            return None
+        return entry.get("kind")
+
+    def _guard_side_effect(self, original: cst.SimpleStatementLine,
+                           updated: cst.SimpleStatementLine) -> cst.If | None:
+        if self._main_only_depth or len(original.body) != 1:
+            return None
+        small = original.body[0]
+        if not isinstance(small, cst.Expr) or self._side_effect(small.value) is None:
+            return None
+        what = dotted_name(small.value.func) or "this call"
+        return self._main_only(updated, f"{what}(...) runs on the main process only")
+
+    def _main_only(self, stmt, message: str) -> cst.If:
+        """``if rt.is_main_process():`` around ``stmt`` (which keeps its comments above)."""
+        guard = cst.If(test=self._rt_call("is_main_process"),
+                       body=cst.IndentedBlock([stmt.with_changes(leading_lines=())]),
+                       leading_lines=stmt.leading_lines)
+        self._edit(guard.test, "guard", message)
+        return guard
+
+    def visit_With(self, node: cst.With) -> None:
+        if any(self._qual(_callee(item.item)) in _NO_GRAD for item in node.items):
+            self._no_grad_depth += 1
+        if self._writes_file(node):
+            self._main_only_depth += 1
+
+    def leave_With(self, original: cst.With, updated: cst.With):
+        if any(self._qual(_callee(item.item)) in _NO_GRAD for item in original.items):
+            self._no_grad_depth -= 1
+        if self._writes_file(original):
+            self._main_only_depth -= 1
+            if not self._main_only_depth:
+                return self._main_only(updated, "file written by the main process only")
+        return updated
+
+    def _writes_file(self, node: cst.With) -> bool:
+        return any(self._side_effect(item.item) == "write" for item in node.items)
+
+    def _group_downloads(self, body: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        """Consecutive statements that download a dataset → ``with rt.main_process_first():``."""
+        out: list[cst.BaseStatement] = []
+        run: list[cst.BaseStatement] = []
+        for stmt in [*body, None]:
+            if stmt is not None and id(stmt) in self._download_stmts:
+                run.append(stmt)
+                continue
+            if run:
+                first = run[0]
+                block = cst.With(items=[cst.WithItem(self._rt_call("main_process_first"))],
+                                 body=cst.IndentedBlock([first.with_changes(leading_lines=()),
+                                                         *run[1:]]),
+                                 leading_lines=first.leading_lines)
+                self._edit(block.items[0], "download", "the main process downloads the "
+                           "dataset first; the others wait, then read its copy")
+                out.append(block)
+                run = []
+            if stmt is not None:
+                out.append(stmt)
+        return out
+
+    def _quiet_other_ranks(self, call: cst.Call) -> cst.Call:
+        args = []
+        for arg in call.args:
+            if arg.keyword and arg.keyword.value == "level":
+                arg = arg.with_changes(value=cst.IfExp(
+                    test=self._rt_call("is_main_process"), body=arg.value,
+                    orelse=cst.SimpleString('"WARNING"')))
+            args.append(arg)
+        new = call.with_changes(args=args)
+        self._edit(new, "logging", "other processes log warnings and errors only")
+        return new
+
+    def _agree(self, call: cst.Call) -> cst.Call:
+        new = self._rt_call("broadcast_object", call)
+        self._edit(new, "timestamp", "the main process's clock names the run, so every "
+                   "process agrees on it")
+        return new
+
+    def _retarget(self, call: cst.Call, name: str, kind: str, message: str) -> cst.Call:
+        """Call ``rt.<name>`` with the same arguments; keep aligned continuation lines aligned."""
+        func = self._rt_attr(name)
+        delta = len(_code(func)) - len(_code(call.func))
+        new = _shift_continuations(call, delta).with_changes(func=func)
+        self._edit(new, kind, message)
+        return new
+
+    def leave_FormattedStringExpression(self, original, updated):
+        expr = original.expression
+        if isinstance(expr, cst.Call) and self.rules.match("timestamps", self._qual(expr.func)):
+            return updated.with_changes(expression=self._agree(updated.expression))
+        return updated

@@ -1,0 +1,239 @@
+"""Small, pure helpers over LibCST nodes used by the conversion rewrites."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import libcst as cst
+
+from distify.analysis.names import dotted_name
+
+_LOOP_WRAPPERS = {"enumerate", "tqdm", "tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm",
+                  "iter", "zip"}
+_NO_GRAD = {"torch.no_grad", "torch.inference_mode", "torch.autograd.no_grad",
+            "torch.autograd.grad_mode.no_grad"}
+_PARAM_METHODS = {"parameters", "named_parameters"}
+_DEVICE_WORDS = ("cuda", "mps", "xpu")
+
+
+def _callee(node: cst.BaseExpression) -> cst.BaseExpression:
+    return node.func if isinstance(node, cst.Call) else node
+
+
+def _shift_continuations(call: cst.Call, delta: int) -> cst.Call:
+    """Move the continuation lines of a call whose arguments are aligned with its opening
+    parenthesis by ``delta`` columns, as one would by hand after renaming the callee. Calls in
+    the hanging-indent style (a line break right after the parenthesis) are left alone."""
+    if delta == 0 or isinstance(call.whitespace_before_args, cst.ParenthesizedWhitespace):
+        return call
+
+    class _Shift(cst.CSTTransformer):
+        def leave_ParenthesizedWhitespace(self, original, updated):
+            width = len(updated.last_line.value) + delta
+            if width < 0:
+                return updated
+            return updated.with_changes(last_line=cst.SimpleWhitespace(" " * width))
+
+    return call.with_changes(args=[arg.visit(_Shift()) for arg in call.args])
+
+
+def _has_modulo(node: cst.CSTNode) -> bool:
+    found = False
+
+    class _Find(cst.CSTVisitor):
+        def visit_BinaryOperation(self, op: cst.BinaryOperation) -> None:
+            nonlocal found
+            found = found or isinstance(op.operator, cst.Modulo)
+
+    node.visit(_Find())
+    return found
+
+
+def _calls_method(node: cst.CSTNode, method: str) -> bool:
+    found = False
+
+    class _Find(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            nonlocal found
+            found = found or (isinstance(call.func, cst.Attribute)
+                              and call.func.attr.value == method)
+
+    node.visit(_Find())
+    return found
+
+
+def _strip_parens(node: cst.BaseExpression) -> cst.BaseExpression:
+    return node.with_changes(lpar=[], rpar=[]) if getattr(node, "lpar", None) else node
+
+
+_EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
+                        whitespace_after=cst.SimpleWhitespace(""))
+_WRITE_MODES = set("wax+")
+
+
+def _has_keyword(call: cst.Call, name: str) -> bool:
+    return any(arg.keyword is not None and arg.keyword.value == name for arg in call.args)
+
+
+def _with_trailing_comma(args: Sequence[cst.Arg]) -> list[cst.Arg]:
+    """The arguments, the last one followed by ``, `` so another can be appended."""
+    if not args:
+        return []
+    last = args[-1]
+    if last.comma == cst.MaybeSentinel.DEFAULT:
+        last = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    return [*args[:-1], last]
+
+
+def _is_false(node: cst.BaseExpression) -> bool:
+    return isinstance(node, cst.Name) and node.value in ("False", "None")
+
+
+def _is_method_call(node: cst.BaseExpression, method: str) -> bool:
+    return (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
+            and node.func.attr.value == method)
+
+
+def _is_self_assignment(stmt: cst.SimpleStatementLine) -> bool:
+    """``model = model`` (what ``model = nn.DataParallel(model)`` becomes)."""
+    if len(stmt.body) != 1 or not isinstance(stmt.body[0], cst.Assign):
+        return False
+    assign = stmt.body[0]
+    return (len(assign.targets) == 1 and dotted_name(assign.targets[0].target) is not None
+            and dotted_name(assign.targets[0].target) == dotted_name(assign.value))
+
+
+def _safe_by_keyword(call: cst.Call, safe_if: dict) -> bool:
+    """``os.makedirs(d, exist_ok=True)`` is safe on every process: a rule's ``safe_if``."""
+    for arg in call.args:
+        if arg.keyword is None or arg.keyword.value not in safe_if:
+            continue
+        wanted = safe_if[arg.keyword.value]
+        if wanted == "*" or (isinstance(arg.value, cst.Name) and arg.value.value == str(wanted)):
+            return True
+    return False
+
+
+def _writes(call: cst.Call, mode_arg: int) -> bool:
+    """Does an ``open``-like call open for writing (mode at ``mode_arg`` or ``mode=``)?"""
+    positional = [a for a in call.args if a.keyword is None and not a.star]
+    mode = next((a.value for a in call.args if a.keyword and a.keyword.value == "mode"), None)
+    if mode is None and len(positional) > mode_arg:
+        mode = positional[mode_arg].value
+    if isinstance(mode, cst.SimpleString):
+        return bool(set(str(mode.evaluated_value)) & _WRITE_MODES)
+    return False
+
+
+def _code(node: cst.CSTNode) -> str:
+    return cst.Module([]).code_for_node(node)
+
+
+def _clone(node: cst.BaseExpression) -> cst.BaseExpression:
+    return node.deep_clone()
+
+
+def _join(names: Sequence[str]) -> str:
+    return ", ".join(f"`{n}`" for n in names)
+
+
+def _is_zero(node: cst.BaseExpression) -> bool:
+    if isinstance(node, cst.Integer):
+        return node.evaluated_value == 0
+    if isinstance(node, cst.Float):
+        return node.evaluated_value == 0.0
+    return False
+
+
+def _names_in(node: cst.CSTNode) -> set[str]:
+    names: set[str] = set()
+
+    class _Collect(cst.CSTVisitor):
+        def visit_Name(self, name: cst.Name) -> None:
+            names.add(name.value)
+
+        def visit_Attribute(self, attr: cst.Attribute) -> bool:
+            attr.value.visit(self)
+            return False
+
+    node.visit(_Collect())
+    return names
+
+
+def _breaks_out(body: cst.BaseSuite) -> bool:
+    statements = body.body if isinstance(body, cst.IndentedBlock) else [body]
+    for stmt in statements:
+        small = stmt.body if isinstance(stmt, (cst.SimpleStatementLine,
+                                               cst.SimpleStatementSuite)) else []
+        if any(isinstance(s, cst.Break) for s in small):
+            return True
+    return False
+
+
+def _parameter_roots(node: cst.CSTNode) -> list[str]:
+    """``model.fc.parameters()`` → ``model``; ``self.net.parameters()`` → ``self.net``."""
+    roots: list[str] = []
+
+    class _Find(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            func = call.func
+            if isinstance(func, cst.Attribute) and func.attr.value in _PARAM_METHODS:
+                dotted = dotted_name(func.value)
+                if dotted:
+                    parts = dotted.split(".")
+                    root = ".".join(parts[:2]) if parts[0] == "self" and len(parts) > 1 \
+                        else parts[0]
+                    if root not in roots and root != "self":
+                        roots.append(root)
+
+    node.visit(_Find())
+    return roots
+
+
+def _single_target(stmt: cst.SimpleStatementLine) -> cst.BaseExpression | None:
+    if len(stmt.body) != 1 or not isinstance(stmt.body[0], cst.Assign):
+        return None
+    targets = stmt.body[0].targets
+    if len(targets) != 1 or not isinstance(targets[0].target, (cst.Name, cst.Attribute)):
+        return None
+    return targets[0].target
+
+
+def _assigned_value(stmt: cst.SimpleStatementLine) -> cst.BaseExpression | None:
+    small = stmt.body[0] if stmt.body else None
+    return small.value if isinstance(small, cst.Assign) else None
+
+
+def _is_rt_prepare(call: cst.Call, rt: str) -> bool:
+    return dotted_name(call.func) == f"{rt}.prepare" and len(call.args) == 1
+
+
+def _is_device_string(node: cst.BaseExpression) -> bool:
+    if isinstance(node, cst.SimpleString):
+        text = node.evaluated_value
+        return isinstance(text, str) and text.split(":")[0] in _DEVICE_WORDS
+    return False
+
+
+def _is_cpu(node: cst.BaseExpression) -> bool:
+    if isinstance(node, cst.SimpleString):
+        return node.evaluated_value == "cpu"
+    return (isinstance(node, cst.Call) and len(node.args) == 1
+            and isinstance(node.args[0].value, cst.SimpleString)
+            and node.args[0].value.evaluated_value == "cpu")
+
+
+def _selects_accelerator(call: cst.Call, qual: str) -> bool:
+    """``torch.device("cuda" ...)`` picks an accelerator; ``torch.device("cpu")`` does not."""
+    if not qual.endswith(".device"):
+        return True
+    found = False
+
+    class _Strings(cst.CSTVisitor):
+        def visit_SimpleString(self, node: cst.SimpleString) -> None:
+            nonlocal found
+            found = found or _is_device_string(node)
+
+    for arg in call.args:
+        arg.visit(_Strings())
+    return found
