@@ -11,6 +11,7 @@ from distify.convert.project import (Planned, STANDALONE_RUNTIME, convert_file, 
                                      plan_project, write_planned)
 from distify.convert.report import colour_diff, json_report, text_report, unified_diff
 from distify.errors import UserError
+from distify.lint.config import load_config as load_project_config
 from distify.rules import load_rules
 
 EXAMPLES = """\b
@@ -53,7 +54,8 @@ def convert(path: Path, output: Path | None, show_diff: bool, check_only: bool, 
     modes = sum(bool(m) for m in (show_diff, check_only, in_place))
     if modes > 1 or (output is not None and (show_diff or check_only or in_place)):
         raise UserError("choose one of -o, --diff, --check and -i")
-    rules = load_rules(rule_files)
+    project = load_project_config(start=path if path.is_dir() else path.parent)
+    rules = load_rules([*project.rules, *rule_files])
     runtime_module = STANDALONE_RUNTIME if standalone else "distify.runtime"
     if path.is_dir():
         planned = plan_project(path, None if (show_diff or check_only or in_place) else
@@ -114,8 +116,13 @@ def _write_config(planned: list[Planned], path: Path, mixed_precision: str,
     target = planned[0].target.with_suffix(".yaml")
     if target.exists():
         return f"kept the existing launch config {target}"
+    note = ""
+    if planned[0].result.own_mixed_precision and mixed_precision != "no":
+        note = (f" with mixed_precision 'no', not '{mixed_precision}': the script scales its "
+                "own loss")
+        mixed_precision = "no"
     write_config(default_config(mixed_precision=mixed_precision), target)
-    return f"wrote the launch config {target}"
+    return f"wrote the launch config {target}{note}"
 
 
 def _report(converted: list[Planned], as_json: bool, config_note: str | None) -> None:
@@ -123,6 +130,8 @@ def _report(converted: list[Planned], as_json: bool, config_note: str | None) ->
     hint = None
     if single and converted[0].result.status == "converted":
         hint = f"distify launch {converted[0].target}"
+        if not _local_gpus():
+            hint += " --num_processes 2 --cpu   (no GPU here: 2 processes on the CPU)"
     if as_json:
         click.echo(json_report(((p.result, str(p.target)) for p in converted), launch_hint=hint))
         return
@@ -135,3 +144,9 @@ def _report(converted: list[Planned], as_json: bool, config_note: str | None) ->
         click.echo(text_report(item.result, str(item.target), launch_hint=hint))
     if config_note:
         click.echo(config_note[0].upper() + config_note[1:])
+
+
+def _local_gpus() -> int:
+    from distify.launch.config import local_gpu_count
+
+    return local_gpu_count()

@@ -48,6 +48,8 @@ class FileResult:
     batch_sizes: tuple[str, ...] = ()
     reason: str = ""
     runtime_name: str = "distify"
+    #: the script has its own GradScaler: distify's mixed precision must stay off
+    own_mixed_precision: bool = False
 
     @property
     def changed(self) -> bool:
@@ -88,7 +90,8 @@ def convert_source(source: bytes, path: str = "<string>", rules: RuleSet | None 
     updated = _add_import(updated, original=module, rt=rt, runtime_module=runtime_module)
     changes, notes = _located(updated, transformer.edits)
     return FileResult(path, source, updated.bytes, "converted", changes, notes,
-                      tuple(dict.fromkeys(transformer.batch_sizes)), runtime_name=rt)
+                      tuple(dict.fromkeys(transformer.batch_sizes)), runtime_name=rt,
+                      own_mixed_precision=transformer.own_mixed_precision)
 
 
 def _parse_cst(source: bytes, path: str) -> cst.Module:
