@@ -111,7 +111,8 @@ def _sibling_config(script: str) -> str | None:
 
 
 def _summary(cfg) -> str:
-    where = "CPU" if cfg.on_cpu else f"GPUs {cfg.gpu_ids}"
+    where = ("CPUs only" if cfg.on_cpu else
+             "every GPU (CPU where none)" if cfg.gpu_ids == "all" else f"GPUs {cfg.gpu_ids}")
     machines = (f"{cfg.num_machines} machines, this one rank {cfg.machine_rank}"
                 if cfg.num_machines > 1 else "1 machine")
     return (f"{cfg.num_processes} process(es) on {machines}; {where}; "
