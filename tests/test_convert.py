@@ -284,3 +284,19 @@ def test_cli_never_imports_torch() -> None:
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "distify.backward(loss)" in proc.stdout
+
+
+def test_cli_standalone_copies_the_runtime_beside_the_output(workdir: Path) -> None:
+    pytest.importorskip("torch")
+    result = run("convert", "train.py", "-o", "out.py", "--standalone")
+    assert result.exit_code == 0, result.output
+    assert "import distify_runtime as distify\n" in (workdir / "out.py").read_text()
+    assert (workdir / "distify_runtime" / "__init__.py").is_file()
+    assert not list(workdir.glob(".distify_runtime*"))
+    # the copy is what runs: the script works with distify itself hidden
+    code = ("import sys, runpy; sys.modules['distify'] = None; "
+            "sys.argv = ['out.py', '--epochs', '1']; runpy.run_path('out.py', run_name='__main__')")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=workdir, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "Test set: Average loss" in proc.stdout
