@@ -12,6 +12,7 @@ except ImportError as _err:
                       "pip install torch (or pip install \"distify[torch]\")") from _err
 
 from ._collectives import (
+    broadcast_object,
     gather,
     gather_for_metrics,
     local_main_process_first,
@@ -21,7 +22,7 @@ from ._collectives import (
 )
 from ._errors import DistifyError, DistifyTypeError
 from ._io import load, on_main_process, print, save, set_seed
-from ._model import unwrap
+from ._model import sync_gradients, unwrap
 from ._precision import autocast, backward, clip_grad_norm_, clip_grad_value_
 from ._prepare import prepare
 from ._state import (
@@ -37,10 +38,10 @@ from ._state import (
 )
 
 __all__ = [
-    "DistifyError", "DistifyTypeError", "autocast", "backward", "clip_grad_norm_",
-    "clip_grad_value_", "device", "gather", "gather_for_metrics", "init",
+    "DistifyError", "DistifyTypeError", "autocast", "backward", "broadcast_object",
+    "clip_grad_norm_", "clip_grad_value_", "device", "gather", "gather_for_metrics", "init",
     "is_local_main_process", "is_main_process", "load", "local_main_process_first",
     "local_rank", "local_world_size", "main_process_first", "mixed_precision", "on_main_process",
-    "prepare", "print", "rank", "reduce", "save", "set_seed", "unwrap", "wait_for_everyone",
-    "world_size",
+    "prepare", "print", "rank", "reduce", "save", "set_seed", "sync_gradients", "unwrap",
+    "wait_for_everyone", "world_size",
 ]

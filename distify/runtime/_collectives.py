@@ -1,0 +1,178 @@
+"""Collectives for metrics and synchronisation. Every rank must reach each call (no hangs):
+they are no-ops, returning their input, in a single process."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from . import _data, _state
+from ._errors import DistifyError, DistifyTypeError
+from ._tree import map_tensors, tensors_in
+
+_OPS = ("sum", "mean", "max", "min")
+
+
+def reduce(value: Any, op: str = "sum") -> Any:
+    """Combine ``value`` over all ranks; every rank gets the result.
+
+    Args:
+        value: a tensor, a Python int or float, or a nested tuple/list/dict of tensors.
+        op: ``"sum"``, ``"mean"``, ``"max"`` or ``"min"``.
+
+    Returns:
+        The same kind of value: a new tensor on the input's device, an int for ints (a float for
+        ``"mean"``), a float for floats (summed in float64). In a single process, ``value``
+        itself.
+    """
+    if op not in _OPS:
+        raise DistifyError(f"unknown reduce op {op!r}: use one of {', '.join(_OPS)}")
+    if isinstance(value, (bool, int, float)):
+        return value if _state.world_size() == 1 else _reduce_number(value, op)
+    if not tensors_in(value):
+        raise DistifyTypeError(f"distify.reduce takes tensors or Python numbers, not "
+                               f"{type(value).__name__}")
+    if _state.world_size() == 1:
+        return value
+    return map_tensors(value, lambda tensor: _reduce_tensor(tensor, op))
+
+
+def gather(value: Any) -> Any:
+    """Concatenate ``value`` from all ranks along dim 0, in rank order.
+
+    Args:
+        value: a tensor (first dimensions may differ between ranks; 0-d tensors count as one
+            element), a nested tuple/list/dict of tensors, or a list of Python objects.
+
+    Returns:
+        The gathered value, on the input's device. In a single process, ``value`` itself.
+    """
+    return _gather(value, drop=0)
+
+
+def gather_for_metrics(value: Any) -> Any:
+    """:func:`gather` for per-sample results of the current batch of a prepared DataLoader,
+    minus the samples that a padded training-mode shard repeated: the result has exactly one
+    entry per dataset sample over the whole loop.
+
+    Args:
+        value: per-sample predictions, labels, losses... of the current batch (dim 0 = samples).
+
+    Returns:
+        The gathered value without repeated samples. In a single process, ``value`` itself.
+    """
+    return _gather(value, drop=_data.current_padding())
+
+
+def broadcast_object(obj: Any) -> Any:
+    """The main process's ``obj`` on every rank (e.g. a run name made from its clock).
+
+    Args:
+        obj: any picklable object; only the main process's value is used.
+
+    Returns:
+        The main process's object. In a single process, ``obj`` itself.
+    """
+    if _state.world_size() == 1:
+        return obj
+    payload = [obj]
+    dist.broadcast_object_list(payload, src=0, device=_comm_device())
+    return payload[0]
+
+
+def wait_for_everyone() -> None:
+    """Block until every rank arrives here (a barrier); nothing happens in a single process."""
+    if _state.world_size() == 1:
+        return
+    state = _state.state()
+    if state.device.type == "cuda":
+        dist.barrier(device_ids=[state.device.index])
+    else:
+        dist.barrier()
+
+
+@contextlib.contextmanager
+def main_process_first() -> Iterator[None]:
+    """Run the body on the main process first, then on the others (e.g. a dataset download)."""
+    with _first(_state.is_main_process()):
+        yield
+
+
+@contextlib.contextmanager
+def local_main_process_first() -> Iterator[None]:
+    """Run the body on each machine's local main process first, then on the other processes."""
+    with _first(_state.is_local_main_process()):
+        yield
+
+
+@contextlib.contextmanager
+def _first(leader: bool) -> Iterator[None]:
+    if not leader:
+        wait_for_everyone()
+    try:
+        yield
+    finally:
+        # Also on failure: the others must not wait for a barrier the leader never reaches.
+        if leader:
+            wait_for_everyone()
+
+
+def _comm_device() -> torch.device:
+    # NCCL only moves GPU tensors; Gloo works on CPU tensors.
+    return _state.device() if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def _reduce_number(value: Any, op: str) -> Any:
+    dtype = torch.float64 if isinstance(value, float) else torch.int64
+    result = _reduce_tensor(torch.tensor(value, dtype=dtype), op).item()
+    return result if op == "mean" or isinstance(value, float) else int(result)
+
+
+def _reduce_tensor(tensor: torch.Tensor, op: str) -> torch.Tensor:
+    work = tensor.detach().to(_comm_device(), copy=True)
+    dist.all_reduce(work, op={"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM,
+                              "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op])
+    if op == "mean":
+        work = work / _state.world_size()
+    return work.to(tensor.device)
+
+
+def _gather(value: Any, drop: int) -> Any:
+    if _state.world_size() == 1:
+        return value
+    if isinstance(value, list) and not tensors_in(value):
+        return _gather_objects(value, drop)
+    return map_tensors(value, lambda tensor: _gather_tensor(tensor, drop))
+
+
+def _gather_tensor(tensor: torch.Tensor, drop: int) -> torch.Tensor:
+    local = tensor.detach().to(_comm_device())
+    if local.dim() == 0:
+        local, drop = local.reshape(1), 0  # a scalar is not a per-sample value
+    meta = torch.tensor([local.shape[0], min(drop, local.shape[0]), *local.shape[1:]],
+                        device=local.device)
+    metas = [torch.empty_like(meta) for _ in range(_state.world_size())]
+    dist.all_gather(metas, meta)
+    if any(not torch.equal(m[2:], meta[2:]) for m in metas):
+        shapes = [tuple(m[[0, *range(2, len(m))]].tolist()) for m in metas]
+        raise DistifyError(f"distify.gather: the ranks' tensors differ beyond dim 0 ({shapes}): "
+                           "pad them to one shape first")
+    longest = max(int(m[0]) for m in metas)
+    if local.shape[0] < longest:
+        filler = local.new_zeros((longest - local.shape[0], *local.shape[1:]))
+        local = torch.cat([local, filler])
+    parts = [torch.empty_like(local) for _ in metas]
+    dist.all_gather(parts, local.contiguous())
+    kept = [part[: int(m[0]) - int(m[1])] for part, m in zip(parts, metas)]
+    return torch.cat(kept).to(tensor.device)
+
+
+def _gather_objects(items: list, drop: int) -> list:
+    everyone: list[Any] = [None] * _state.world_size()
+    dist.all_gather_object(everyone, (items, min(drop, len(items))))
+    return [item for rank_items, dropped in everyone
+            for item in rank_items[: len(rank_items) - dropped]]

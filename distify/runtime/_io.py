@@ -1,0 +1,131 @@
+"""One writer: printing and checkpoints happen on the main process only; saves are atomic."""
+
+from __future__ import annotations
+
+import builtins
+import functools
+import os
+import random
+import shutil
+import tempfile
+from typing import IO, Any, Callable, TypeVar, Union
+
+import torch
+
+from . import _state
+
+F = TypeVar("F", bound=Callable[..., Any])
+PathOrFile = Union[str, "os.PathLike[str]", IO[bytes]]
+
+
+def print(*args: Any, **kwargs: Any) -> None:
+    """``print`` on the main process only.
+
+    Args:
+        *args: what to print.
+        **kwargs: passed to the builtin ``print`` (``sep``, ``end``, ``file``, ``flush``).
+    """
+    if _state.is_main_process():
+        builtins.print(*args, **kwargs)
+
+
+def save(obj: Any, f: PathOrFile, **kwargs: Any) -> None:
+    """``torch.save`` on the main process only; to a path it is atomic.
+
+    A path is written through a temporary file in the same folder, flushed to disk and renamed
+    over the target, so a crash or an error mid-write leaves the previous file intact and no
+    temporary file behind.
+
+    Args:
+        obj: what to save (a state dict, a whole model, ...).
+        f: a path, or an open binary file (written directly).
+        **kwargs: passed to ``torch.save``.
+    """
+    if not _state.is_main_process():
+        return
+    if isinstance(f, (str, os.PathLike)):
+        _atomic_save(obj, os.fspath(f), kwargs)
+    else:
+        torch.save(obj, f, **kwargs)
+
+
+def load(f: PathOrFile, map_location: Any = None, **kwargs: Any) -> Any:
+    """``torch.load`` that puts GPU tensors on this process's device.
+
+    Args:
+        f: a path or an open binary file.
+        map_location: as for ``torch.load``; by default tensors saved on an accelerator go to
+            :func:`distify.device` and tensors saved on the CPU (RNG states, ...) stay there.
+        **kwargs: passed to ``torch.load`` (``weights_only``, ``mmap``, ...).
+    """
+    if map_location is None:
+        map_location = _to_this_device
+    return torch.load(f, map_location=map_location, **kwargs)
+
+
+def set_seed(seed: int) -> None:
+    """Seed Python's ``random``, NumPy (when installed) and torch (CPU and every GPU).
+
+    Args:
+        seed: the seed; use the same one on every rank.
+    """
+    random.seed(seed)
+    try:
+        import numpy
+    except ImportError:
+        pass
+    else:
+        numpy.random.seed(seed)
+    torch.manual_seed(seed)  # seeds the CUDA generators too
+
+
+def on_main_process(function: F) -> F:
+    """Decorator: the function runs on the main process only (elsewhere it returns ``None``).
+
+    Args:
+        function: the function to guard.
+    """
+    @functools.wraps(function)
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        return function(*args, **kwargs) if _state.is_main_process() else None
+
+    return guarded  # type: ignore[return-value]
+
+
+def _atomic_save(obj: Any, path: str, kwargs: dict) -> None:
+    folder, name = os.path.split(path)
+    # The file is written under its own name inside a scratch folder beside the target:
+    # torch.save names the archive's records after the file, so the bytes are exactly what
+    # torch.save(obj, path) writes, and the final rename stays on one filesystem.
+    scratch = tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=folder or ".")
+    try:
+        tmp = os.path.join(scratch, name)
+        torch.save(obj, tmp, **kwargs)
+        _flush_to_disk(tmp)
+        mode = _existing_mode(path)
+        if mode is not None:
+            os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _flush_to_disk(path: str) -> None:
+    fd = os.open(path, os.O_RDWR | getattr(os, "O_BINARY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _existing_mode(path: str) -> int | None:
+    try:
+        return os.stat(path).st_mode & 0o7777
+    except OSError:
+        return None
+
+
+def _to_this_device(storage: Any, location: str) -> Any:
+    if location.startswith("cpu"):
+        return None  # torch restores it where it was saved: on the CPU
+    return torch.serialization.default_restore_location(storage, str(_state.device()))

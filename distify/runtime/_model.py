@@ -1,0 +1,179 @@
+"""Prepared models: on the device, DDP when the world size is > 1, still the user's own object.
+
+Instead of returning a wrapper (where ``model.fc`` or ``model.generate`` would fail and
+``state_dict`` keys would gain a ``module.`` prefix), the model's class is swapped for a subclass
+whose ``__call__`` routes training forwards through a DistributedDataParallel object kept
+aside. Everything else (attributes, methods, ``state_dict``, ``isinstance``) is the user's class.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+import weakref
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.parallel import DataParallel, DistributedDataParallel
+
+from . import _precision, _state
+from ._subclass import PicklesAsOriginal, private_state, set_private_state, swap_class
+
+_models: weakref.WeakSet = weakref.WeakSet()
+_sync_gradients = True
+_EVAL_WITH_GRAD = ("a prepared model was called in eval mode with gradients enabled: that "
+                   "forward bypasses DDP, so gradients from it are not averaged across processes; "
+                   "call model.train() before training, or use torch.no_grad() to evaluate")
+
+
+class _Runtime:
+    """Distify's per-model state, kept in the instance ``__dict__`` (not a submodule)."""
+
+    def __init__(self, ddp: DistributedDataParallel | None) -> None:
+        self.ddp = ddp
+        self.inside_ddp = False
+        self.warned = False
+
+
+class _PreparedModelMixin(PicklesAsOriginal):
+    """Mixed into a prepared model's class: DDP for training forwards, autocast, fp32 outputs."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        runtime: _Runtime = private_state(self)
+        if runtime.inside_ddp:  # DDP calling its module: run the user's forward and hooks once
+            return super().__call__(*args, **kwargs)
+        with _precision.autocast():
+            if runtime.ddp is None:
+                outputs = super().__call__(*args, **kwargs)
+            elif self.training and torch.is_grad_enabled():
+                outputs = _call_through_ddp(runtime, args, kwargs)
+            else:
+                # DDP's forward broadcasts buffers: evaluation shards of unequal length would
+                # hang on it, and no gradient needs averaging here anyway.
+                _warn_if_training_in_eval(runtime)
+                outputs = super().__call__(*args, **kwargs)
+        return _precision.finish_outputs(outputs)
+
+    @property
+    def module(self) -> Any:
+        """The user's module: the model itself, unless its class defines its own ``module``."""
+        own = _own_module_attribute(self)
+        return self if own is _MISSING else own
+
+    @module.setter
+    def module(self, value: Any) -> None:
+        if isinstance(value, (nn.Module, nn.Parameter)):
+            nn.Module.__setattr__(self, "module", value)  # type: ignore[arg-type]
+            return
+        # Not through nn.Module.__setattr__: it would end in this setter again.
+        for table in ("_parameters", "_modules", "_buffers"):
+            if "module" in self.__dict__[table]:
+                self.__dict__[table]["module"] = value
+                return
+        self.__dict__["module"] = value
+
+
+_MISSING = object()
+
+
+def prepare_model(model: nn.Module, device_placement: bool = True) -> nn.Module:
+    """Move ``model`` to the device and, when the world size is > 1, set up DDP for it."""
+    if isinstance(model, (_PreparedModelMixin, DistributedDataParallel)):
+        return model
+    state = _state.state()
+    if state.world_size > 1 and state.sync_batchnorm:
+        model = _sync_batchnorm(model, state.device)
+    if device_placement:
+        model.to(state.device)
+    swap_class(model, _PreparedModelMixin)
+    set_private_state(model, _Runtime(_make_ddp(model, state)))
+    _models.add(model)
+    return model
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The user's module inside a prepared model, or inside DDP / DataParallel / torch.compile.
+
+    Args:
+        model: a prepared model or any (nested) wrapper around a module.
+
+    Returns:
+        The innermost user module (a prepared model is already the user's module).
+    """
+    while True:
+        if isinstance(model, (DistributedDataParallel, DataParallel)):
+            model = model.module
+        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):  # torch.compile
+            model = model._orig_mod  # type: ignore[assignment]
+        else:
+            return model
+
+
+def sync_gradients(sync: bool) -> None:
+    """Whether the next training forward/backward passes average gradients across processes.
+
+    For gradient accumulation: call it with ``False`` on micro-steps that do not step the
+    optimizer (no communication) and ``True`` on the one that does. It holds until called again.
+
+    Args:
+        sync: ``True`` to average gradients (the default), ``False`` to only accumulate them.
+    """
+    global _sync_gradients
+    _sync_gradients = bool(sync)
+
+
+def any_model_training() -> bool:
+    """True when some prepared model is in training mode."""
+    return any(model.training for model in list(_models))
+
+
+def _make_ddp(model: nn.Module, state: _state.State) -> DistributedDataParallel | None:
+    # DDP refuses modules with nothing to train (a frozen teacher, an EMA copy): skip them.
+    if state.world_size == 1 or not any(p.requires_grad for p in model.parameters()):
+        return None
+    device_ids = [state.device.index] if state.device.type == "cuda" else None
+    find_unused = os.environ.get("DISTIFY_FIND_UNUSED_PARAMETERS", "").strip().lower() in \
+        ("1", "true", "yes", "on")
+    return DistributedDataParallel(model, device_ids=device_ids,
+                                   find_unused_parameters=find_unused)
+
+
+def _sync_batchnorm(model: nn.Module, device: torch.device) -> nn.Module:
+    if device.type == "cpu":  # torch's SyncBatchNorm refuses CPU tensors in forward
+        warnings.warn("DISTIFY_SYNC_BATCHNORM is ignored on CPU: SyncBatchNorm needs GPUs; "
+                      "each process keeps its own BatchNorm statistics", stacklevel=4)
+        return model
+    return nn.SyncBatchNorm.convert_sync_batchnorm(model)
+
+
+def _call_through_ddp(runtime: _Runtime, args: tuple, kwargs: dict) -> Any:
+    assert runtime.ddp is not None
+    runtime.ddp.require_backward_grad_sync = _sync_gradients  # what DDP.no_sync() toggles
+    runtime.inside_ddp = True
+    try:
+        return runtime.ddp(*args, **kwargs)
+    finally:
+        runtime.inside_ddp = False
+
+
+def _warn_if_training_in_eval(runtime: _Runtime) -> None:
+    if torch.is_grad_enabled() and not runtime.warned:
+        runtime.warned = True
+        warnings.warn(_EVAL_WITH_GRAD, stacklevel=4)
+
+
+def _own_module_attribute(model: nn.Module) -> Any:
+    """The user's own ``module`` (a child, parameter, attribute or class member), if any."""
+    for table in ("_modules", "_parameters", "_buffers"):
+        members = model.__dict__.get(table, {})
+        if "module" in members:
+            return members["module"]
+    if "module" in model.__dict__:
+        return model.__dict__["module"]
+    for klass in type(model).__mro__:
+        if klass is _PreparedModelMixin or "module" not in vars(klass):
+            continue
+        member = vars(klass)["module"]
+        return member.__get__(model, type(model)) if hasattr(member, "__get__") else member
+    return _MISSING

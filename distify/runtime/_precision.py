@@ -1,0 +1,186 @@
+"""Mixed precision: autocast, fp32 outputs, the fp16 GradScaler and everything it touches.
+
+Under ``"no"`` every function here is a plain pass-through, so a single process computes exactly
+what the original script computes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+import weakref
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from . import _state
+from ._errors import DistifyError
+from ._subclass import PicklesAsOriginal, swap_class
+from ._tree import map_tensors, tensors_in
+
+_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+_HALF = (torch.float16, torch.bfloat16)
+_PLAIN_BACKWARD = ("loss.backward() was called on the output of a prepared model under fp16 mixed "
+                   "precision: call distify.backward(loss) instead, so the loss is scaled")
+
+_scaler: torch.amp.GradScaler | None = None
+_inside_backward = False  # process-wide: CUDA runs backward hooks on the autograd engine's threads
+_optimizers: weakref.WeakSet = weakref.WeakSet()
+_unscaled: weakref.WeakSet = weakref.WeakSet()  # optimizers unscaled since their last step
+
+
+def autocast() -> contextlib.AbstractContextManager[Any]:
+    """A context that runs its body in the configured mixed precision (no-op for ``"no"``).
+
+    Prepared models already run their forward under it; use it for a loss computed outside.
+    """
+    precision = _state.mixed_precision()
+    if precision == "no":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=_state.device().type, dtype=_DTYPES[precision])
+
+
+def finish_outputs(outputs: Any) -> Any:
+    """Cast a prepared model's half-precision outputs to float32; under fp16, arm the check that
+    catches a plain ``loss.backward()``."""
+    precision = _state.mixed_precision()
+    if precision == "no":
+        return outputs
+    outputs = map_tensors(outputs, _to_float32)
+    if precision == "fp16" and torch.is_grad_enabled():
+        for tensor in tensors_in(outputs):
+            if tensor.requires_grad:
+                tensor.register_hook(_require_distify_backward)
+    return outputs
+
+
+def backward(loss: torch.Tensor, **kwargs: Any) -> None:
+    """Back-propagate ``loss``; under fp16 the loss is scaled by the GradScaler first.
+
+    Args:
+        loss: the scalar loss (or any tensor ``Tensor.backward`` accepts).
+        **kwargs: passed to ``Tensor.backward`` (``retain_graph``, ``gradient``, ...).
+    """
+    global _inside_backward
+    if _state.mixed_precision() != "fp16":
+        loss.backward(**kwargs)
+        return
+    _inside_backward = True
+    try:
+        _grad_scaler().scale(loss).backward(**kwargs)
+    finally:
+        _inside_backward = False
+
+
+def clip_grad_norm_(parameters: torch.Tensor | Iterable[torch.Tensor], max_norm: float,
+                    norm_type: float = 2.0, **kwargs: Any) -> torch.Tensor:
+    """``torch.nn.utils.clip_grad_norm_`` that unscales fp16 gradients first.
+
+    Args:
+        parameters: a tensor or an iterable of tensors whose gradients are clipped.
+        max_norm: the largest allowed total norm.
+        norm_type: the p of the p-norm (``float("inf")`` for the max norm).
+        **kwargs: passed on (``error_if_nonfinite``, ``foreach``).
+
+    Returns:
+        The total norm of the (unscaled) gradients before clipping.
+    """
+    params = _unscale_for(parameters)
+    return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type, **kwargs)
+
+
+def clip_grad_value_(parameters: torch.Tensor | Iterable[torch.Tensor], clip_value: float,
+                     **kwargs: Any) -> None:
+    """``torch.nn.utils.clip_grad_value_`` that unscales fp16 gradients first.
+
+    Args:
+        parameters: a tensor or an iterable of tensors whose gradients are clipped.
+        clip_value: gradients are clamped to ``[-clip_value, clip_value]``.
+        **kwargs: passed on (``foreach``).
+    """
+    torch.nn.utils.clip_grad_value_(_unscale_for(parameters), clip_value, **kwargs)
+
+
+def prepare_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """Return ``optimizer`` itself; under fp16 its ``step`` goes through the GradScaler."""
+    if optimizer in _optimizers:
+        return optimizer
+    optimizer.step_was_skipped = False  # type: ignore[attr-defined]
+    if _state.mixed_precision() == "fp16":
+        _route_step_through_scaler(optimizer)
+    _optimizers.add(optimizer)
+    return optimizer
+
+
+def prepare_scheduler(scheduler: Any) -> Any:
+    """Return ``scheduler``; under fp16 its ``step`` does nothing after a skipped optimizer step."""
+    if _state.mixed_precision() == "fp16" and not isinstance(scheduler, _SkipAwareScheduler):
+        swap_class(scheduler, _SkipAwareScheduler)
+    return scheduler
+
+
+class _SkipAwareScheduler(PicklesAsOriginal):
+    """An LR scheduler that does not advance when its optimizer's last step was skipped."""
+
+    def step(self, *args: Any, **kwargs: Any) -> Any:
+        if getattr(self.optimizer, "step_was_skipped", False):  # type: ignore[attr-defined]
+            return None
+        return super().step(*args, **kwargs)  # type: ignore[misc]
+
+
+def _grad_scaler() -> torch.amp.GradScaler:
+    global _scaler
+    if _scaler is None:
+        _scaler = torch.amp.GradScaler(_state.device().type)
+    return _scaler
+
+
+def _route_step_through_scaler(optimizer: torch.optim.Optimizer) -> None:
+    inner = optimizer.step  # may already be an LR scheduler's wrapper: keep calling it
+    scaler = _grad_scaler()
+    busy = [False]
+
+    def step(self: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+        self._opt_called = True  # what torch's LR-scheduler wrapper records, for its warnings
+        if busy[0]:  # GradScaler.step calls optimizer.step back for the real update
+            return inner(*args, **kwargs)
+        busy[0] = True
+        try:
+            scale = scaler.get_scale()
+            result = scaler.step(self, *args, **kwargs)
+            scaler.update()
+        finally:
+            busy[0] = False
+            _unscaled.discard(self)
+        # The scale only goes down when inf/nan gradients made the scaler skip the step.
+        self.step_was_skipped = scaler.get_scale() < scale  # type: ignore[attr-defined]
+        return result
+
+    # LR schedulers created later must not wrap this step again (torch checks this marker).
+    step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+    # A bound method, like the one it replaces: torch's LR schedulers read `step.__func__`.
+    optimizer.step = types.MethodType(step, optimizer)  # type: ignore[method-assign]
+
+
+def _unscale_for(parameters: torch.Tensor | Iterable[torch.Tensor]) -> list[torch.Tensor]:
+    params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+    if _scaler is None or _state.mixed_precision() != "fp16":
+        return params
+    wanted = {id(param) for param in params}
+    for optimizer in list(_optimizers):
+        if optimizer in _unscaled:
+            continue
+        if any(id(p) in wanted for group in optimizer.param_groups for p in group["params"]):
+            _scaler.unscale_(optimizer)
+            _unscaled.add(optimizer)
+    return params
+
+
+def _to_float32(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.float() if tensor.dtype in _HALF else tensor
+
+
+def _require_distify_backward(grad: torch.Tensor) -> None:
+    if not _inside_backward:
+        raise DistifyError(_PLAIN_BACKWARD)

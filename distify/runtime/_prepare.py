@@ -1,0 +1,58 @@
+"""``prepare``: one entry point for models, optimizers, LR schedulers and DataLoaders."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+from torch.optim import Optimizer, lr_scheduler
+from torch.utils.data import DataLoader
+
+from ._data import PreparedDataLoader, prepare_loader
+from ._errors import DistifyTypeError
+from ._model import prepare_model
+from ._precision import prepare_optimizer, prepare_scheduler
+
+_SCHEDULERS = tuple({getattr(lr_scheduler, name) for name in
+                     ("LRScheduler", "_LRScheduler", "ReduceLROnPlateau")
+                     if hasattr(lr_scheduler, name)})
+
+
+def prepare(*objects: Any, shard: bool = True, device_placement: bool = True) -> Any:
+    """Make models, optimizers, LR schedulers and DataLoaders ready for this job.
+
+    Models move to the device (and use DDP for training forwards when the world size is > 1)
+    but stay the user's objects. DataLoaders give each rank a distinct shard of every epoch of
+    the original sampler (reshuffled every epoch); shards of training loaders are padded to equal
+    length and ``gather_for_metrics`` drops the repeats; evaluation loaders (no shuffle, no
+    model training) are not padded, so sums reduced over ranks are exact. Preparing an object
+    twice returns it unchanged.
+
+    Args:
+        *objects: ``nn.Module``, ``torch.optim.Optimizer``, LR schedulers (including
+            ``ReduceLROnPlateau``) and ``DataLoader`` objects, in any order.
+        shard: split DataLoaders over the ranks (``False`` for a loader whose dataset already
+            yields only this rank's part).
+        device_placement: move models and batches to :func:`distify.device`.
+
+    Returns:
+        The prepared object, or a tuple of them in the order given.
+
+    Raises:
+        DistifyTypeError: an object of another type was given.
+    """
+    prepared = tuple(_prepare_one(obj, shard, device_placement) for obj in objects)
+    return prepared[0] if len(prepared) == 1 else prepared
+
+
+def _prepare_one(obj: Any, shard: bool, device_placement: bool) -> Any:
+    if isinstance(obj, nn.Module):
+        return prepare_model(obj, device_placement=device_placement)
+    if isinstance(obj, Optimizer):
+        return prepare_optimizer(obj)
+    if isinstance(obj, _SCHEDULERS):
+        return prepare_scheduler(obj)
+    if isinstance(obj, (DataLoader, PreparedDataLoader)):
+        return prepare_loader(obj, shard=shard, device_placement=device_placement)
+    raise DistifyTypeError(f"distify.prepare cannot prepare a {type(obj).__name__}: pass models, "
+                           "optimizers, LR schedulers and DataLoaders")

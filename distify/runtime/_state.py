@@ -1,0 +1,272 @@
+"""Process state: read the launcher's environment once, set up the device and the process group.
+
+torchrun, ``distify launch``, ``accelerate launch`` and Ray Train all describe the job with the
+same variables (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``,
+``MASTER_PORT``). Without them the script is a single process and no process group is created,
+so a plain ``python train.py`` behaves exactly like the original script.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import datetime
+import os
+import sys
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from ._errors import DistifyError
+
+MIXED_PRECISION_VALUES = ("no", "fp16", "bf16")
+_DEFAULT_TIMEOUT_S = 1800.0
+_EXIT_WAIT_S = 120.0
+_TRUE = ("1", "true", "yes", "on")
+_LAUNCH_HINT = ("launch with `distify launch` or torchrun, which set it, "
+                "or unset it to run one process")
+
+
+@dataclass(frozen=True)
+class State:
+    """What the runtime knows about this process; built once by :func:`init`."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    device: torch.device
+    mixed_precision: str
+    sync_batchnorm: bool
+
+
+_STATE: State | None = None
+
+
+def init(mixed_precision: str | None = None,
+         timeout: float | datetime.timedelta | None = None,
+         sync_batchnorm: bool | None = None) -> None:
+    """Initialise the runtime from the environment (optional: every other function calls it).
+
+    Args:
+        mixed_precision: ``"no"``, ``"fp16"`` or ``"bf16"``; default: ``DISTIFY_MIXED_PRECISION``,
+            then ``ACCELERATE_MIXED_PRECISION``, then ``"no"``.
+        timeout: seconds (or a timedelta) a collective may wait for a lost peer before failing;
+            default ``DISTIFY_TIMEOUT`` or 1800.
+        sync_batchnorm: convert BatchNorm layers to SyncBatchNorm when the world size is > 1;
+            default ``DISTIFY_SYNC_BATCHNORM``.
+
+    Raises:
+        DistifyError: the launcher variables are inconsistent, or a setting is invalid.
+    """
+    global _STATE
+    if _STATE is not None:
+        _check_same_settings(_STATE, mixed_precision, sync_batchnorm)
+        return
+    precision = _mixed_precision_setting(mixed_precision)
+    timeout_delta = _timeout_setting(timeout)
+    sync_bn = _flag("DISTIFY_SYNC_BATCHNORM") if sync_batchnorm is None else bool(sync_batchnorm)
+    if dist.is_available() and dist.is_initialized():
+        rank, world_size = dist.get_rank(), dist.get_world_size()  # Ray Train made the group
+    else:
+        rank, world_size = _rank_and_world_size()
+    local_rank, local_world_size = _local_rank_and_size(rank, world_size)
+    device = _pick_device(local_rank, world_size)
+    if world_size > 1 and not dist.is_initialized():
+        _init_process_group(device, rank, world_size, timeout_delta)
+    _STATE = State(rank, local_rank, world_size, local_world_size, device, precision, sync_bn)
+
+
+def state() -> State:
+    """The runtime state, initialising it on first use."""
+    if _STATE is None:
+        init()
+    assert _STATE is not None
+    return _STATE
+
+
+def device() -> torch.device:
+    """This process's device: ``cuda:LOCAL_RANK``, else MPS (single process only), else CPU."""
+    return state().device
+
+
+def rank() -> int:
+    """Global rank of this process (0 for a single process)."""
+    return state().rank
+
+
+def world_size() -> int:
+    """Number of processes in the job (1 without a launcher)."""
+    return state().world_size
+
+
+def local_rank() -> int:
+    """Rank of this process on its machine."""
+    return state().local_rank
+
+
+def local_world_size() -> int:
+    """Number of processes on this machine."""
+    return state().local_world_size
+
+
+def is_main_process() -> bool:
+    """True on global rank 0: the process that writes files and prints."""
+    return state().rank == 0
+
+
+def is_local_main_process() -> bool:
+    """True on local rank 0 of each machine (e.g. for per-machine caches)."""
+    return state().local_rank == 0
+
+
+def mixed_precision() -> str:
+    """The mixed precision in use: ``"no"``, ``"fp16"`` or ``"bf16"``."""
+    return state().mixed_precision
+
+
+def _check_same_settings(current: State, mixed_precision: str | None,
+                         sync_batchnorm: bool | None) -> None:
+    if mixed_precision is not None and _mixed_precision_setting(mixed_precision) != \
+            current.mixed_precision:
+        raise DistifyError(
+            f"distify.init(mixed_precision={mixed_precision!r}) came after the runtime started "
+            f"with {current.mixed_precision!r}: call distify.init(...) before any other distify "
+            "call")
+    if sync_batchnorm is not None and bool(sync_batchnorm) != current.sync_batchnorm:
+        raise DistifyError(
+            f"distify.init(sync_batchnorm={sync_batchnorm!r}) came after the runtime started: "
+            "call distify.init(...) before any other distify call")
+
+
+def _mixed_precision_setting(argument: str | None) -> str:
+    source, value = "mixed_precision argument", argument
+    for name in ("DISTIFY_MIXED_PRECISION", "ACCELERATE_MIXED_PRECISION"):
+        if value is None and os.environ.get(name, "").strip():
+            source, value = name, os.environ[name]
+    value = "no" if value is None else str(value).strip().lower()
+    if value not in MIXED_PRECISION_VALUES:
+        raise DistifyError(f"unknown mixed precision {value!r} (from {source}): use one of "
+                           f"{', '.join(MIXED_PRECISION_VALUES)}")
+    return value
+
+
+def _timeout_setting(argument: float | datetime.timedelta | None) -> datetime.timedelta:
+    if isinstance(argument, datetime.timedelta):
+        return argument
+    if argument is not None:
+        return datetime.timedelta(seconds=float(argument))
+    raw = os.environ.get("DISTIFY_TIMEOUT", "").strip()
+    try:
+        seconds = float(raw) if raw else _DEFAULT_TIMEOUT_S
+    except ValueError:
+        raise DistifyError(f"DISTIFY_TIMEOUT={raw!r} is not a number of seconds: "
+                           "set it to e.g. 1800 or unset it") from None
+    if seconds <= 0:
+        raise DistifyError(f"DISTIFY_TIMEOUT={raw!r} must be positive: set it to e.g. 1800")
+    return datetime.timedelta(seconds=seconds)
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in _TRUE
+
+
+def _int_env(name: str) -> int | None:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise DistifyError(f"environment variable {name}={raw!r} is not an integer: "
+                           f"{_LAUNCH_HINT}") from None
+
+
+def _rank_and_world_size() -> tuple[int, int]:
+    world_size, rank = _int_env("WORLD_SIZE"), _int_env("RANK")
+    if world_size is None:
+        if rank not in (None, 0):
+            raise DistifyError(f"RANK={rank} is set but WORLD_SIZE is not: {_LAUNCH_HINT}")
+        return 0, 1
+    if world_size < 1:
+        raise DistifyError(f"WORLD_SIZE={world_size} must be at least 1: {_LAUNCH_HINT}")
+    if rank is None:
+        if world_size > 1:
+            raise DistifyError(f"WORLD_SIZE={world_size} is set but RANK is not: {_LAUNCH_HINT}")
+        rank = 0
+    if not 0 <= rank < world_size:
+        raise DistifyError(f"RANK={rank} must be in 0..{world_size - 1} for "
+                           f"WORLD_SIZE={world_size}: {_LAUNCH_HINT}")
+    if world_size > 1:
+        _check_rendezvous()
+    return rank, world_size
+
+
+def _check_rendezvous() -> None:
+    for name in ("MASTER_ADDR", "MASTER_PORT"):
+        if not os.environ.get(name, "").strip():
+            raise DistifyError(f"WORLD_SIZE > 1 but {name} is not set: set {name} on every "
+                               "process, or launch with `distify launch` or torchrun")
+    port = _int_env("MASTER_PORT")
+    assert port is not None
+    if not 0 < port < 65536:
+        raise DistifyError(f"MASTER_PORT={port} is not a valid port: use a free port in 1..65535")
+
+
+def _local_rank_and_size(rank: int, world_size: int) -> tuple[int, int]:
+    # Without LOCAL_* variables the job is assumed to run on one machine.
+    local_rank = _int_env("LOCAL_RANK")
+    local_size = _int_env("LOCAL_WORLD_SIZE")
+    local_rank = rank if local_rank is None else local_rank
+    local_size = world_size if local_size is None else local_size
+    if not 1 <= local_size <= world_size:
+        raise DistifyError(f"LOCAL_WORLD_SIZE={local_size} must be in 1..{world_size} "
+                           f"(WORLD_SIZE): {_LAUNCH_HINT}")
+    if not 0 <= local_rank < local_size:
+        raise DistifyError(f"LOCAL_RANK={local_rank} must be in 0..{local_size - 1} "
+                           f"(LOCAL_WORLD_SIZE={local_size}): {_LAUNCH_HINT}")
+    return local_rank, local_size
+
+
+def _pick_device(local_rank: int, world_size: int) -> torch.device:
+    force_cpu = _flag("DISTIFY_USE_CPU") or _flag("ACCELERATE_USE_CPU")
+    if not force_cpu and torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        if local_rank >= count:
+            raise DistifyError(f"LOCAL_RANK={local_rank} but only {count} GPU(s) are visible: "
+                               "start at most one process per GPU, or set DISTIFY_USE_CPU=1")
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    # MPS has no collective backend, so it is only used by a single process.
+    mps = getattr(torch.backends, "mps", None)
+    if not force_cpu and world_size == 1 and mps is not None and mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def _init_process_group(device: torch.device, rank: int, world_size: int,
+                        timeout: datetime.timedelta) -> None:
+    if not dist.is_available():
+        raise DistifyError("WORLD_SIZE > 1 but this PyTorch build has no torch.distributed: "
+                           "install a PyTorch build with distributed support")
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout)
+    atexit.register(_leave_process_group)
+
+
+def _leave_process_group() -> None:
+    """At a normal exit, leave the group together with the other ranks.
+
+    A rank that closes its Gloo connections while a peer is still connected can make that peer
+    abort ("terminate called without an active exception") after a successful run, so the ranks
+    meet first. After an uncaught exception nothing waits: the launcher stops the job.
+    """
+    if not dist.is_initialized() or hasattr(sys, "last_value"):
+        return
+    # A peer that is gone or still busy makes this fail: then exit without the handshake.
+    with contextlib.suppress(Exception):
+        if dist.get_backend() == "gloo":
+            # Bounded: a peer that failed or is still working does not hold this exit for long.
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=_EXIT_WAIT_S))
+        dist.destroy_process_group()

@@ -1,0 +1,107 @@
+"""The runtime under torchrun with 2 processes (Gloo): exact metrics over uneven shards, one
+writer, the prepared model still behaving like the user's model. One launch, many checks."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.helpers import REPO, run_torchrun
+
+SCRIPT = REPO / "tests" / "runtime_scripts" / "ddp_checks.py"
+SAMPLES = 251
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ddp_checks")
+    proc = run_torchrun(SCRIPT, str(out), nproc=2, cwd=out)
+    results: dict[str, list[dict]] = {}
+    for rank in (0, 1):
+        for line in (out / f"results-rank{rank}.jsonl").read_text().splitlines():
+            record = json.loads(line)
+            results.setdefault(record["check"], []).append(record)
+    return proc, results
+
+
+def _both(results, check):
+    records = results[check]
+    assert [r["rank"] for r in records] == [0, 1]
+    return records
+
+
+def test_eval_mode_counts_are_exact(run):
+    _, results = run
+    for record in _both(results, "eval"):
+        assert record["correct"] == record["reference"]
+        assert record["seen"] == SAMPLES  # no padding: 126 + 125 samples
+        assert record["ids"] == list(range(SAMPLES))  # gather_for_metrics: each sample once
+        assert record["batches"] == record["len"] == 6  # ranks stay in step
+
+
+@pytest.mark.parametrize("check", ["train_mode_shuffled", "train_mode_training"])
+def test_padded_train_mode_gather_for_metrics_is_exact(run, check):
+    _, results = run
+    for record in _both(results, check):
+        assert record["seen"] == SAMPLES + 1  # one sample repeated to even out the shards
+        assert record["ids"] == list(range(SAMPLES))  # ... and dropped by gather_for_metrics
+        assert record["batches"] == record["len"] == 6
+
+
+def test_custom_batch_sampler_is_sharded_by_batches(run):
+    _, results = run
+    for record in _both(results, "batch_sampler"):
+        assert record["seen"] == SAMPLES
+        assert record["ids"] == list(range(SAMPLES))
+        assert record["batches"] == record["len"] == 7  # 13 batches of 20 over 2 ranks
+
+
+def test_ddp_averages_gradients_and_scheduler_steps_once(run):
+    _, results = run
+    for record in _both(results, "ddp"):
+        assert record["weights_equal"]
+        assert record["last_epoch"] == 3
+        assert record["lr"] == 0.5 / 4
+        assert record["step_was_skipped"] is False
+
+
+def test_sync_gradients_controls_averaging(run):
+    _, results = run
+    for record in _both(results, "accumulation"):
+        assert record["unsynced_differ"] and record["synced_equal"]
+
+
+def test_prepared_model_is_still_the_users_model(run):
+    _, results = run
+    for record in _both(results, "model"):
+        assert record["isinstance"] and record["type_name"] == "Net"
+        assert record["fc_out"] == 3 and record["embed_shape"] == [2, 3]
+        assert record["module_is_model"] and record["unwrap_is_model"]
+        assert record["keys_unchanged"]
+        assert record["pickled_class_is_original"] and record["pickled_equal"]
+        assert record["pickled_private_state"] == []
+        assert record["own_module_child"]
+        assert record["prepare_twice"]
+
+
+def test_collectives_on_numbers_and_uneven_tensors(run):
+    _, results = run
+    for record in _both(results, "collectives"):
+        assert record["sum_int"] == 3 and record["sum_type"] == "int"
+        assert record["max_int"] == 1 and record["mean_float"] == 0.5
+        assert record["tensor_sum"] == [1, 2]
+        assert record["uneven"] == [[0, 0]] * 2 + [[1, 1]] * 3
+        assert record["objects"] == ["r0", "r1", "r1"]
+        assert record["broadcast"] == "run-0"
+
+
+def test_only_the_main_process_writes_and_prints(run):
+    proc, results = run
+    assert proc.stdout.count("hello from rank") == 1
+    assert "hello from rank 0" in proc.stdout
+    rank0, rank1 = _both(results, "writer")
+    assert rank0["files"] == rank1["files"] == ["from_rank0.pt"]
+    assert rank0["world_size"] == 2
+    # main_process_first: rank 0 ran the body (and created the marker) before rank 1.
+    assert rank0["saw_marker"] is False and rank1["saw_marker"] is True
