@@ -40,10 +40,17 @@ def test_eval_mode_counts_are_exact(run):
         assert record["batches"] == record["len"] == 6  # ranks stay in step
 
 
-@pytest.mark.parametrize("check", ["train_mode_shuffled", "train_mode_training"])
-def test_padded_train_mode_gather_for_metrics_is_exact(run, check):
+def test_shuffled_loader_evaluated_has_exact_shards(run):
     _, results = run
-    for record in _both(results, check):
+    for record in _both(results, "eval_shuffled"):
+        assert record["seen"] == SAMPLES  # evaluation never repeats a sample, shuffled or not
+        assert sorted(record["ids"]) == list(range(SAMPLES))
+        assert record["batches"] == record["len"] == 6
+
+
+def test_padded_train_mode_gather_for_metrics_is_exact(run):
+    _, results = run
+    for record in _both(results, "train_mode_training"):
         assert record["seen"] == SAMPLES + 1  # one sample repeated to even out the shards
         assert record["ids"] == list(range(SAMPLES))  # ... and dropped by gather_for_metrics
         assert record["batches"] == record["len"] == 6
@@ -105,3 +112,13 @@ def test_only_the_main_process_writes_and_prints(run):
     assert rank0["world_size"] == 2
     # main_process_first: rank 0 ran the body (and created the marker) before rank 1.
     assert rank0["saw_marker"] is False and rank1["saw_marker"] is True
+
+
+def test_load_after_save_waits_and_trackers_live_on_the_main_process(run):
+    _, results = run
+    rank0, rank1 = _both(results, "resume_and_trackers")
+    assert rank0["step"] == rank1["step"] == 7
+    assert rank0["weight_equal"] and rank1["weight_equal"]
+    assert rank0["tracker_real"] and rank0["tracker_truthy"]
+    assert not rank1["tracker_real"] and not rank1["tracker_truthy"]
+    assert rank1["tracker_chain"] is True

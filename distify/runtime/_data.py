@@ -8,8 +8,8 @@ world_size * batch_size.
 
 Two modes, decided when an epoch starts:
 
-* TRAIN (the original shuffles, drops the last batch, or a prepared model is training with
-  gradients on): the order is padded by repeating its start, so every rank has the same number
+* TRAIN (the original drops the last batch, or a prepared model is training with gradients
+  on): the order is padded by repeating its start, so every rank has the same number
   of batches and DDP never waits for a rank that ran out. With ``drop_last`` the tail that the
   single-process run at world_size * batch_size would drop is dropped instead, so nothing repeats.
 * EVAL (otherwise): no sample is repeated, so sums reduced over ranks equal the single-process
@@ -141,8 +141,9 @@ class _ShardSampler(Sampler):
             return [], []
         if self.drop_last:  # the single-process run at world_size x batch drops this tail
             units = units[:len(units) - len(units) % (self.world_size * self.batch_size)]
-        train = not self.sequential or self.drop_last or \
-            (torch.is_grad_enabled() and _model.any_model_training())
+        # Padding is for training only: a shuffled loader evaluated under no_grad (or with the
+        # model in eval mode) keeps exact shards, so reduced sums stay exact there too.
+        train = self.drop_last or (torch.is_grad_enabled() and _model.any_model_training())
         own, repeated = _shard(units, self.rank, self.world_size, pad=train)
         if self.batch_size is None:  # the units are the original's batches
             batches, pads = [list(b) for b in own], [len(b) if r else 0 for b, r in

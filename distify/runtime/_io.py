@@ -12,7 +12,7 @@ from typing import IO, Any, Callable, TypeVar, Union
 
 import torch
 
-from . import _state
+from . import _collectives, _state
 
 F = TypeVar("F", bound=Callable[..., Any])
 PathOrFile = Union[str, "os.PathLike[str]", IO[bytes]]
@@ -41,12 +41,20 @@ def save(obj: Any, f: PathOrFile, **kwargs: Any) -> None:
         f: a path, or an open binary file (written directly).
         **kwargs: passed to ``torch.save``.
     """
+    if isinstance(f, (str, os.PathLike)):
+        # Every rank calls save (converted scripts are symmetric); remember it so that a later
+        # load waits until the main process has finished writing the file.
+        _written.add(os.path.abspath(os.fspath(f)))
     if not _state.is_main_process():
         return
     if isinstance(f, (str, os.PathLike)):
         _atomic_save(obj, os.fspath(f), kwargs)
     else:
         torch.save(obj, f, **kwargs)
+
+
+#: paths saved in this run that no rank has loaded since (see ``load``)
+_written: set[str] = set()
 
 
 def load(f: PathOrFile, map_location: Any = None, **kwargs: Any) -> Any:
@@ -58,6 +66,10 @@ def load(f: PathOrFile, map_location: Any = None, **kwargs: Any) -> Any:
             :func:`distify.device` and tensors saved on the CPU (RNG states, ...) stay there.
         **kwargs: passed to ``torch.load`` (``weights_only``, ``mmap``, ...).
     """
+    if isinstance(f, (str, os.PathLike)) and os.path.abspath(os.fspath(f)) in _written:
+        # Saved earlier in this run by the main process: let it finish writing first.
+        _written.discard(os.path.abspath(os.fspath(f)))
+        _collectives.wait_for_everyone()
     if map_location is None:
         map_location = _to_this_device
     return torch.load(f, map_location=map_location, **kwargs)
@@ -80,16 +92,50 @@ def set_seed(seed: int) -> None:
 
 
 def on_main_process(function: F) -> F:
-    """Decorator: the function runs on the main process only (elsewhere it returns ``None``).
+    """Decorator: the function runs on the main process only.
+
+    Elsewhere it returns an object that quietly accepts every attribute access and call, so
+    ``writer = distify.on_main_process(SummaryWriter)(log_dir)`` followed by
+    ``writer.add_scalar(...)`` logs once, from the main process, with no ``if`` at every use.
 
     Args:
-        function: the function to guard.
+        function: the function (or class) to guard.
     """
     @functools.wraps(function)
     def guarded(*args: Any, **kwargs: Any) -> Any:
-        return function(*args, **kwargs) if _state.is_main_process() else None
+        return function(*args, **kwargs) if _state.is_main_process() else IGNORED
 
     return guarded  # type: ignore[return-value]
+
+
+class _Ignored:
+    """Stands in for a tracker or writer on the other processes: every use is a no-op."""
+
+    def __getattr__(self, name: str) -> "_Ignored":
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return self
+
+    def __call__(self, *args: Any, **kwargs: Any) -> "_Ignored":
+        return self
+
+    def __enter__(self) -> "_Ignored":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+    def __iter__(self):
+        return iter(())
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return "<ignored on this process: distify.on_main_process>"
+
+
+IGNORED = _Ignored()
 
 
 def _atomic_save(obj: Any, path: str, kwargs: dict) -> None:

@@ -80,9 +80,9 @@ def evaluate(loader, train_mode):
 # batch rank 1 would have one batch fewer; the split keeps per-batch gathers in step.
 eval_loader = distify.prepare(DataLoader(dataset, batch_size=25))
 report("eval", reference=reference_correct, **evaluate(eval_loader, train_mode=False))
-# TRAIN mode forced by shuffle=True: padded to 252 samples; gather_for_metrics drops the repeat.
+# A shuffled loader evaluated with the model in eval mode: exact shards, nothing repeated.
 shuffled = distify.prepare(DataLoader(dataset, batch_size=25, shuffle=True))
-report("train_mode_shuffled", **evaluate(shuffled, train_mode=False))
+report("eval_shuffled", **evaluate(shuffled, train_mode=False))
 # TRAIN mode because the model trains with gradients on.
 report("train_mode_training", **evaluate(eval_loader, train_mode=True))
 # A custom batch_sampler: whole batches go round-robin.
@@ -154,3 +154,19 @@ with distify.main_process_first():
 distify.wait_for_everyone()
 report("writer", saw_marker=saw_marker, world_size=distify.world_size(),
        files=sorted(name for name in os.listdir(OUT) if name.endswith(".pt")))
+
+# A checkpoint saved and then loaded in the same run: load waits for the main process's write
+# (rank 0 is made slow on purpose, so rank 1 would otherwise find no file).
+import time  # noqa: E402
+
+checkpoint = os.path.join(OUT, "resume.pt")
+if RANK == 0:
+    time.sleep(1.0)
+distify.save({"step": 7, "weight": model.fc.weight.detach()}, checkpoint)
+resumed = distify.load(checkpoint)
+# Trackers built through on_main_process exist on rank 0 only; elsewhere every use is a no-op.
+tracker = distify.on_main_process(dict)(runs=1)
+report("resume_and_trackers", step=resumed["step"],
+       weight_equal=torch.equal(resumed["weight"], model.fc.weight.detach()),
+       tracker_real=isinstance(tracker, dict), tracker_truthy=bool(tracker),
+       tracker_chain=tracker.add_scalar("loss", 1.0) is tracker if not tracker else None)
