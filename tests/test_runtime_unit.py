@@ -215,27 +215,32 @@ def test_sharded_loader_keeps_the_loader_settings(fresh):
 
 # --- the sharding plan ----------------------------------------------------------------------------
 
-def _plans(fresh, count, batch, world, shuffle, drop_last=False):
-    """Every rank's (batches, pads) for one epoch, as the ranks of a job would compute them."""
+def _plans(fresh, count, batch, world, shuffle, drop_last=False, training=False):
+    """Every rank's (batches, pads) for one epoch, as the ranks of a job would compute them.
+
+    ``training``: a prepared model is training with gradients on (TRAIN mode); otherwise the
+    epoch is an evaluation (EVAL mode), shuffled or not."""
     fresh.setattr(_data, "_broadcast_from_main", lambda units: units)  # same seed on every rank
+    fresh.setattr(_data._model, "any_model_training", lambda: training)
     dataset = TensorDataset(torch.arange(count))
     plans = []
-    for rank in range(world):  # no model is training: sequential loaders shard in EVAL mode
+    for rank in range(world):
         sampler = RandomSampler(dataset, generator=torch.Generator().manual_seed(7)) \
             if shuffle else None
         loader = DataLoader(dataset, batch_size=batch, sampler=sampler, drop_last=drop_last)
         shard = _data._ShardSampler.for_loader(loader)
         shard.rank, shard.world_size = rank, world
-        with torch.no_grad():
+        with torch.set_grad_enabled(training):
             plans.append((list(shard), shard.pads, len(shard)))
     return plans
 
 
 @pytest.mark.parametrize("world", [2, 3])
-def test_eval_plan_is_exact_and_ranks_stay_in_step(fresh, world):
+@pytest.mark.parametrize("shuffle", [False, True], ids=["sequential", "shuffled"])
+def test_eval_plan_is_exact_and_ranks_stay_in_step(fresh, world, shuffle):
     for count in range(1, 40):
         for batch in (1, 2, 5):
-            plans = _plans(fresh, count, batch, world, shuffle=False)
+            plans = _plans(fresh, count, batch, world, shuffle=shuffle)
             samples = sorted(i for batches, _, _ in plans for b in batches for i in b)
             assert samples == list(range(count)), (count, batch)  # each sample exactly once
             assert not any(p for _, pads, _ in plans for p in pads)
@@ -250,7 +255,7 @@ def test_eval_plan_is_exact_and_ranks_stay_in_step(fresh, world):
 def test_train_plan_keeps_the_single_process_batches(fresh, world):
     for count in range(1, 40):
         for batch in (1, 3):
-            plans = _plans(fresh, count, batch, world, shuffle=True)
+            plans = _plans(fresh, count, batch, world, shuffle=True, training=True)
             order = list(RandomSampler(range(count), generator=torch.Generator().manual_seed(7)))
             padded_order = (order * (world + 1))[:-(-count // world) * world]
             assert len({len(batches) for batches, _, _ in plans} | {plans[0][2]}) == 1
