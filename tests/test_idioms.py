@@ -84,16 +84,10 @@ REPORTS = {
     "data_kwargs": ({"prepare-dataloader", "prepare-scheduler", "reduce"}, set()),
     "downloads_trackers": ({"download", "guard", "reduce"}, set()),
 }
-KNOWN_REPORT_GAPS = {
-    "data_kwargs": "a stock RandomSampler / SequentialSampler passed through a variable "
-                   "(sampler=train_sampler) is reported as a custom sampler",
-}
 
 
 @pytest.mark.parametrize("name", sorted(REPORTS))
-def test_report_names_each_idiom(name: str, request) -> None:
-    if name in KNOWN_REPORT_GAPS:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=KNOWN_REPORT_GAPS[name]))
+def test_report_names_each_idiom(name: str) -> None:
     result = convert_source((IDIOMS / f"{name}.in.py").read_bytes())
     kinds, notes = REPORTS[name]
     assert kinds <= {change.kind for change in result.changes}
@@ -301,19 +295,10 @@ def _run_folder(folder: Path) -> Path:
     return found[0]
 
 
-def _dataparallel_keys(state: dict) -> dict:
-    # nn.DataParallel is gone, so model.state_dict() has no "module." prefix any more (the
-    # bare network's weights.pth, saved from model.module, is unchanged)
-    return {key.replace("state_dict.module.", "state_dict."): value
-            for key, value in state.items()}
-
-
 def _compare_state(name: str, got: dict, want: dict, exact: bool) -> None:
     import torch
 
-    if name == "dataparallel":
-        want = _dataparallel_keys(want)
-    assert got.keys() == want.keys()
+    assert got.keys() == want.keys()  # DataParallel's `module.` keys included
     for key, value in want.items():
         if isinstance(value, torch.Tensor):
             if exact or not value.is_floating_point():
@@ -503,8 +488,6 @@ def test_reloading_a_checkpoint_just_saved_reads_the_new_one_on_every_process(ru
         assert got_loss == pytest.approx(want_loss, abs=2e-4)
 
 
-@pytest.mark.xfail(strict=True, reason="sys.exit() on a per-process loss inside a training loop "
-                   "is not reported: one process leaves, the others wait for it in DDP")
 def test_project_report_flags_the_exit_on_a_non_finite_loss() -> None:
     result = convert_source((PROJECT / "engine.py").read_bytes(), "engine.py")
     lines = result.output.decode().splitlines()
@@ -536,8 +519,6 @@ print(sum(p.numel() for g in optimizer.param_groups for p in g["params"]))
 '''
 
 
-@pytest.mark.xfail(strict=True, reason="nn.DataParallel is removed but `model.module` used "
-                   "before the model is prepared raises AttributeError")
 def test_model_module_works_before_the_model_is_prepared(tmp_path) -> None:
     pytest.importorskip("torch")
     source = tmp_path / "train.py"

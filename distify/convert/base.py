@@ -28,6 +28,7 @@ class _Scope:
     zero_inits: set[str] = field(default_factory=set)
     lists: set[str] = field(default_factory=set)
     prepared_models: set[str] = field(default_factory=set)
+    samplers: set[str] = field(default_factory=set)
     saw_eval: bool = False
     no_grad: bool = False
 
@@ -67,6 +68,7 @@ class TransformerBase(cst.CSTTransformer):
         self._downloads: list[bool] = []
         self._download_stmts: set[int] = set()
         self._main_only_depth = 0
+        self._guards: set[int] = set()  # ids of the `if rt.is_main_process():` we added
         self._expr_depth = 0
         self._expr_call: cst.BaseExpression | None = None
         self._leaving: cst.Call | None = None
@@ -139,6 +141,8 @@ class TransformerBase(cst.CSTTransformer):
         names = [t.target.value for t in node.targets if isinstance(t.target, cst.Name)]
         if isinstance(value, cst.Call) and self.rules.match("dataloaders", self._qual(value.func)):
             self._scope.loaders.update(names)
+        if isinstance(value, cst.Call) and self.rules.match("samplers", self._qual(value.func)):
+            self._scope.samplers.update(names)
         if _is_zero(value):
             self._scope.zero_inits.update(names)
         if isinstance(value, cst.List) and not value.elements:

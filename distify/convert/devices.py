@@ -11,16 +11,22 @@ import libcst as cst
 
 from distify.analysis.names import dotted_name
 from distify.convert.base import TransformerBase
-from distify.convert.syntax import _is_cpu, _is_device_string, _selects_accelerator
+from distify.convert.syntax import _is_cpu, _is_device_string, _literal_args, _selects_accelerator
 
 
 class DeviceMixin(TransformerBase):
     def _rewrite_device(self, original: cst.Call, updated: cst.Call,
                         qual: str) -> cst.BaseExpression | None:
-        if self.rules.match("device_selectors", qual) and _selects_accelerator(original, qual):
+        if not self.rules.match("device_selectors", qual):
+            return None
+        if _selects_accelerator(original, qual):
             new = self._rt_call("device")
             self._edit(new, "device", "each process uses its own device")
             return new
+        if qual.endswith(".device") and original.args and not _literal_args(original):
+            self._edit(updated, "device", "the device comes from a setting: under distify every "
+                       f"process must use its own, `{self.rt}.device()` (a setting such as "
+                       "'cuda' would put every process on the first GPU)", human=True)
         return None
 
     def _rewrite_device_method(self, updated: cst.Call, func: cst.Attribute,
@@ -47,12 +53,8 @@ class DeviceMixin(TransformerBase):
     def _attach_removals(self, anchor: cst.CSTNode) -> None:
         """Report removed statements at the statement that now follows them."""
         for name in self._removed:
-            if name == "a wrapper DDP replaces":
-                message = "removed a statement just above that only re-wrapped the model " \
-                          "(nn.DataParallel): DDP replaces it"
-            else:
-                message = f"removed {name}(...) just above: each process uses its own device"
-            self._edit(anchor, "device", message)
+            self._edit(anchor, "device", f"removed {name}(...) just above: each process uses "
+                       "its own device")
         self._removed = []
 
     def leave_IfExp(self, original: cst.IfExp, updated: cst.IfExp) -> cst.BaseExpression:

@@ -17,10 +17,10 @@ import libcst as cst
 
 from distify.convert.base import TransformerBase, _Loop
 from distify.convert.syntax import (
-    _breaks_out,
     _calls_method,
     _has_modulo,
     _is_method_call,
+    _leaves_loop,
     _names_in,
     _strip_parens,
 )
@@ -84,12 +84,15 @@ class LoopMixin(TransformerBase):
     def visit_If(self, node: cst.If) -> None:
         if self._loops and _has_modulo(node.test) and _calls_method(node.body, "step"):
             self._loops[-1].step_tests.append(node.test)
-        if not self._loops or not _breaks_out(node.body):
+        if not self._loops or not _leaves_loop(node.body, self._is_exit):
             return
         used = _names_in(node.test)
         dependent = sorted(used & self._loops[-1].assigned)
         if dependent:
             self._loops[-1].breaks.append((node, ", ".join(dependent)))
+
+    def _is_exit(self, call: cst.Call) -> bool:
+        return self.rules.match("process_exits", self._qual(call.func)) is not None
 
     def _report_breaks(self, loop: _Loop) -> None:
         if not loop.has_backward:

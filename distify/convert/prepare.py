@@ -32,11 +32,12 @@ class PrepareMixin(TransformerBase):
         if rules.match("dataloaders", qual):
             return self._prepare_loader(original, updated)
         if rules.match("data_parallel", qual) and updated.args:
-            module = updated.args[0].value
-            self._edit(module, "data-parallel", f"{qual} removed: each process runs DDP "
-                       "instead; `.module` still works, and checkpoints of model.state_dict() "
-                       "no longer carry the `module.` prefix")
-            return module
+            # Kept as written: prepared, it drives one device per process and the module it
+            # wraps runs under DDP; `.module` and the `module.` checkpoint keys stay.
+            self._edit(updated, "data-parallel", f"{qual} kept: once prepared it uses one "
+                       "device per process and DDP averages the gradients; `.module` and the "
+                       "checkpoint keys are unchanged")
+            return updated
         if rules.match("data_parallel_functions", qual) and len(updated.args) >= 2:
             new = cst.Call(func=updated.args[0].value, args=[updated.args[1].with_changes(
                 comma=cst.MaybeSentinel.DEFAULT)])
@@ -113,6 +114,8 @@ class PrepareMixin(TransformerBase):
         qual = self._qual(_callee(value)) if isinstance(value, cst.Call) else None
         if qual is not None and self.rules.match("samplers", qual):
             return
+        if isinstance(value, cst.Name) and any(value.value in s.samplers for s in self._scopes):
+            return  # a stock sampler built a few lines above
         self._edit(anchor, "sampler", f"custom {arg.keyword.value}: distify shards the indices it "
                    "yields each epoch; make sure it does not shard by rank itself", human=True)
 

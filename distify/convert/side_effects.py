@@ -57,12 +57,15 @@ class SideEffectMixin(TransformerBase):
             return self._quiet_other_ranks(updated)
         if rules.match("timestamps", qual) and qual.endswith("strftime"):
             return self._agree(updated)
-        if (self._side_effect(original) == "tracker" and not self._main_only_depth
-                and not self._statement_call):
-            new = updated.with_changes(func=self._rt_call("on_main_process", updated.func))
-            self._edit(new, "guard", f"{qual}(...) runs on the main process only (other "
-                       "processes get an object that ignores every call)")
-            return new
+        kind = self._side_effect(original)
+        if kind is not None and not self._main_only_depth and not self._statement_call:
+            if kind == "tracker":
+                new = updated.with_changes(func=self._rt_call("on_main_process", updated.func))
+                self._edit(new, "guard", f"{qual}(...) runs on the main process only (other "
+                           "processes get an object that ignores every call)")
+                return new
+            self._edit(updated, "side-effect", f"{qual}(...) writes on every process: guard "
+                       f"it with `if {self.rt}.is_main_process():`", human=True)
         for category, what in (("saves", "saved by the main process only, written atomically"),
                                ("loads", "loaded onto this process's device")):
             entry = rules.match(category, qual)
@@ -107,11 +110,27 @@ class SideEffectMixin(TransformerBase):
 
     def _main_only(self, stmt, message: str) -> cst.If:
         """``if rt.is_main_process():`` around ``stmt`` (which keeps its comments above)."""
-        guard = cst.If(test=self._rt_call("is_main_process"),
-                       body=cst.IndentedBlock([stmt.with_changes(leading_lines=())]),
+        inner = stmt.with_changes(leading_lines=())
+        guard = cst.If(test=self._rt_call("is_main_process"), body=cst.IndentedBlock([inner]),
                        leading_lines=stmt.leading_lines)
-        self._edit(guard.test, "guard", message)
+        self._edit(inner, "guard", message)
+        self._guards.add(id(guard))
         return guard
+
+    def _merge_guards(self, body: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        """Adjacent statements guarded by the rewrite share one ``if rt.is_main_process():``."""
+        out: list[cst.BaseStatement] = []
+        for stmt in body:
+            previous = out[-1] if out else None
+            if (previous is not None and id(stmt) in self._guards and id(previous) in self._guards
+                    and not stmt.leading_lines):
+                merged = previous.with_changes(body=previous.body.with_changes(
+                    body=[*previous.body.body, *stmt.body.body]))
+                self._guards.add(id(merged))
+                out[-1] = merged
+            else:
+                out.append(stmt)
+        return out
 
     def visit_With(self, node: cst.With) -> None:
         if any(self._qual(_callee(item.item)) in _NO_GRAD for item in node.items):
@@ -154,12 +173,15 @@ class SideEffectMixin(TransformerBase):
         return out
 
     def _quiet_other_ranks(self, call: cst.Call) -> cst.Call:
+        func = call.func  # `logging.basicConfig` → `logging.WARNING`; else the level's name
+        warning: cst.BaseExpression = cst.SimpleString('"WARNING"')
+        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name):
+            warning = cst.Attribute(value=cst.Name(func.value.value), attr=cst.Name("WARNING"))
         args = []
         for arg in call.args:
             if arg.keyword and arg.keyword.value == "level":
                 arg = arg.with_changes(value=cst.IfExp(
-                    test=self._rt_call("is_main_process"), body=arg.value,
-                    orelse=cst.SimpleString('"WARNING"')))
+                    test=self._rt_call("is_main_process"), body=arg.value, orelse=warning))
             args.append(arg)
         new = call.with_changes(args=args)
         self._edit(new, "logging", "other processes log warnings and errors only")

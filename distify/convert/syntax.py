@@ -94,15 +94,6 @@ def _is_method_call(node: cst.BaseExpression, method: str) -> bool:
             and node.func.attr.value == method)
 
 
-def _is_self_assignment(stmt: cst.SimpleStatementLine) -> bool:
-    """``model = model`` (what ``model = nn.DataParallel(model)`` becomes)."""
-    if len(stmt.body) != 1 or not isinstance(stmt.body[0], cst.Assign):
-        return False
-    assign = stmt.body[0]
-    return (len(assign.targets) == 1 and dotted_name(assign.targets[0].target) is not None
-            and dotted_name(assign.targets[0].target) == dotted_name(assign.value))
-
-
 def _safe_by_keyword(call: cst.Call, safe_if: dict) -> bool:
     """``os.makedirs(d, exist_ok=True)`` is safe on every process: a rule's ``safe_if``."""
     for arg in call.args:
@@ -160,13 +151,18 @@ def _names_in(node: cst.CSTNode) -> set[str]:
     return names
 
 
-def _breaks_out(body: cst.BaseSuite) -> bool:
+def _leaves_loop(body: cst.BaseSuite, is_exit) -> bool:
+    """Does ``body`` leave the loop: ``break``, ``return``, or a call ``is_exit`` accepts
+    (``sys.exit(...)``)?"""
     statements = body.body if isinstance(body, cst.IndentedBlock) else [body]
     for stmt in statements:
         small = stmt.body if isinstance(stmt, (cst.SimpleStatementLine,
                                                cst.SimpleStatementSuite)) else []
-        if any(isinstance(s, cst.Break) for s in small):
-            return True
+        for s in small:
+            if isinstance(s, (cst.Break, cst.Return)):
+                return True
+            if isinstance(s, cst.Expr) and isinstance(s.value, cst.Call) and is_exit(s.value):
+                return True
     return False
 
 
@@ -221,6 +217,11 @@ def _is_cpu(node: cst.BaseExpression) -> bool:
     return (isinstance(node, cst.Call) and len(node.args) == 1
             and isinstance(node.args[0].value, cst.SimpleString)
             and node.args[0].value.evaluated_value == "cpu")
+
+
+def _literal_args(call: cst.Call) -> bool:
+    """Are all the call's arguments literals (``torch.device("cpu")``, ``torch.device("cuda", 0)``)?"""
+    return all(isinstance(arg.value, (cst.SimpleString, cst.Integer)) for arg in call.args)
 
 
 def _selects_accelerator(call: cst.Call, qual: str) -> bool:

@@ -27,7 +27,6 @@ from distify.convert.devices import DeviceMixin
 from distify.convert.loops import LoopMixin
 from distify.convert.prepare import PrepareMixin
 from distify.convert.side_effects import SideEffectMixin
-from distify.convert.syntax import _is_self_assignment
 
 __all__ = ["DistifyTransformer", "Edit"]
 
@@ -47,9 +46,7 @@ class DistifyTransformer(PrepareMixin, DeviceMixin, LoopMixin, SideEffectMixin, 
         after = self._pending_after.pop()
         models = self._pending_models.pop()
         downloads = self._downloads.pop()
-        if not updated.body or _is_self_assignment(updated):
-            if updated.body:
-                self._removed.append("a wrapper DDP replaces")
+        if not updated.body:
             return cst.RemovalSentinel.REMOVE
         if self._removed:
             self._attach_removals(updated)
@@ -89,9 +86,15 @@ class DistifyTransformer(PrepareMixin, DeviceMixin, LoopMixin, SideEffectMixin, 
             placeholder = cst.SimpleStatementLine([cst.Pass()])
             self._emptied.add(id(placeholder))
             return updated.with_changes(body=[placeholder])
+        return updated.with_changes(body=self._tidy_block(updated.body))
+
+    def _tidy_block(self, body):
+        """Group dataset downloads under one ``main_process_first`` and merge adjacent guards."""
         if self._download_stmts:
-            return updated.with_changes(body=self._group_downloads(updated.body))
-        return updated
+            body = self._group_downloads(body)
+        if self._guards:
+            body = self._merge_guards(body)
+        return body
 
     def leave_If(self, original: cst.If, updated: cst.If):
         """An ``if`` whose whole body was device pinning goes away with it."""
@@ -146,6 +149,4 @@ class DistifyTransformer(PrepareMixin, DeviceMixin, LoopMixin, SideEffectMixin, 
     def leave_Module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
         if self._removed and updated.body:
             self._attach_removals(updated.body[-1])
-        if self._download_stmts:
-            return updated.with_changes(body=self._group_downloads(updated.body))
-        return updated
+        return updated.with_changes(body=self._tidy_block(updated.body))

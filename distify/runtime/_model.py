@@ -81,6 +81,16 @@ def prepare_model(model: nn.Module, device_placement: bool = True) -> nn.Module:
     """Move ``model`` to the device and, when the world size is > 1, set up DDP for it."""
     if isinstance(model, (_PreparedModelMixin, DistributedDataParallel)):
         return model
+    if isinstance(model, DataParallel):
+        # Keep the user's DataParallel, so its state_dict keys (``module.``) and ``.module``
+        # stay as they were, but with one device per process: it just calls the wrapped module,
+        # which runs under DDP.
+        model.device_ids = []
+        prepare_model(model.module, device_placement)
+        return model
+    for child in model.modules():  # a DataParallel sub-module: the same, one device
+        if isinstance(child, DataParallel):
+            child.device_ids = []
     state = _state.state()
     if state.world_size > 1 and state.sync_batchnorm:
         model = _sync_batchnorm(model, state.device)
