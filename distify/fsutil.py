@@ -20,10 +20,16 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         UserError: the folder does not exist or cannot be written (nothing is left behind).
     """
     target = Path(path)
+    if target.is_symlink():  # write through the link: the link stays, its file is updated
+        target = Path(os.path.realpath(target))
+    if target.exists() and not target.is_file():
+        raise UserError("not a regular file: refusing to replace it", path=str(path))
     folder = target.parent if str(target.parent) else Path(".")
     if not folder.is_dir():
         raise UserError(f"output folder does not exist: {folder}", path=str(target))
     mode = _existing_mode(target)
+    if mode is None:  # a new file gets the usual permissions, not mkstemp's private 0600
+        mode = 0o666 & ~_umask()
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
     except OSError as err:
@@ -33,8 +39,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
+        os.chmod(tmp, mode)
         os.replace(tmp, target)
     except BaseException as err:
         try:
@@ -56,3 +61,9 @@ def _existing_mode(target: Path) -> int | None:
         return target.stat().st_mode & 0o7777
     except OSError:
         return None
+
+
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current

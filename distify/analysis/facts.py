@@ -29,6 +29,10 @@ class FileFacts:
     model_classes: set[str] = field(default_factory=set)
     #: every identifier the file binds or reads
     names: set[str] = field(default_factory=set)
+    #: identifiers the file binds itself (assignments, defs, parameters, imports)
+    bound: set[str] = field(default_factory=set)
+    #: the file builds DataLoaders (so a function parameter iterated in a loop may be one)
+    builds_loaders: bool = False
 
 
 def parse_ast(source: bytes, path: str) -> ast.Module:
@@ -40,12 +44,24 @@ def parse_ast(source: bytes, path: str) -> ast.Module:
             line = source[:source.index(b"\0")].count(b"\n") + 1
             raise UserError("cannot read as Python source: it contains null bytes "
                             "(a binary file?)", path=path, line=line, col=1) from None
-        raise UserError(f"syntax error: {err.msg}", path=path, line=err.lineno,
-                        col=err.offset) from None
+        raise UserError(f"syntax error: {err.msg}", path=path, line=max(err.lineno or 1, 1),
+                        col=_character_column(err)) from None
+    except RecursionError:
+        raise UserError("an expression is nested too deeply for Python's parser; split it over "
+                        "a few statements", path=path, line=1, col=1) from None
     except (ValueError, UnicodeDecodeError) as err:  # null bytes, undecodable text
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise UserError(f"cannot read as Python source: {reason}", path=path, line=1,
                         col=1) from None
+
+
+def _character_column(err: SyntaxError) -> int:
+    """The 1-based column in characters: parsing bytes, CPython counts UTF-8 bytes."""
+    offset = err.offset if err.offset and err.offset > 0 else 1
+    if err.text is None:
+        return offset
+    prefix = err.text.encode("utf-8")[:offset - 1]
+    return len(prefix.decode("utf-8", errors="ignore")) + 1
 
 
 def gather_facts(tree: ast.Module, source: bytes, rules: RuleSet) -> FileFacts:
@@ -56,17 +72,33 @@ def gather_facts(tree: ast.Module, source: bytes, rules: RuleSet) -> FileFacts:
     for node in ast.walk(tree):
         if isinstance(node, ast.Name):
             facts.names.add(node.id)
+            if not isinstance(node.ctx, ast.Load):
+                facts.bound.add(node.id)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             facts.names.add(node.name)
+            facts.bound.add(node.name)
         elif isinstance(node, ast.ClassDef):
             facts.names.add(node.name)
+            facts.bound.add(node.name)
             classes.append(node)
         elif isinstance(node, ast.arg):
             facts.names.add(node.arg)
+            facts.bound.add(node.arg)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            facts.names.add(node.name)
+        elif isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name:
+            facts.names.add(node.name)
+        elif isinstance(node, ast.MatchMapping) and node.rest:
+            facts.names.add(node.rest)
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            facts.names.update(node.names)
         if check_markers and facts.distributed is None:
             facts.distributed = _marker(node, facts.imports, rules)
     facts.names.update(facts.imports.aliases)
+    facts.bound.update(facts.imports.aliases)
     facts.model_classes = _model_classes(classes, facts.imports, rules)
+    facts.builds_loaders = any(name.rsplit(".", 1)[-1].encode() in source
+                               for name in rules.names("dataloaders"))
     return facts
 
 

@@ -95,7 +95,8 @@ class TransformerBase(cst.CSTTransformer):
         return self._no_grad_depth > 0 or self._scope.saw_eval or self._scope.no_grad
 
     def _is_loader_name(self, name: str) -> bool:
-        if name in self._scope.params or name in self._scope.loaders:
+        if name in self._scope.loaders or (name in self._scope.params
+                                           and self.facts.builds_loaders):
             return True
         return any(name in scope.loaders for scope in self._scopes[:-1])
 

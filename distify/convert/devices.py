@@ -43,6 +43,15 @@ class DeviceMixin(TransformerBase):
             return new
         return None
 
+    def leave_Arg(self, original: cst.Arg, updated: cst.Arg) -> cst.Arg:
+        """``torch.zeros(3, device="cuda:0")`` → ``device=rt.device()``."""
+        if updated.keyword is not None and updated.keyword.value == "device" \
+                and _is_device_string(updated.value):
+            new = updated.with_changes(value=self._rt_call("device"))
+            self._edit(new.value, "device", "each process uses its own device")
+            return new
+        return updated
+
     def _is_pinning(self, call: cst.BaseExpression) -> bool:
         return isinstance(call, cst.Call) and \
             self.rules.match("device_pinning", self._qual(call.func)) is not None

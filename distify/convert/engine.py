@@ -7,6 +7,9 @@ not touch come out byte for byte.
 
 from __future__ import annotations
 
+import contextlib
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -82,6 +85,13 @@ def convert_source(source: bytes, path: str = "<string>", rules: RuleSet | None 
     module = _parse_cst(source, path)
     rt = next((n for n in _RUNTIME_NAMES if n not in facts.names), "_distify_runtime")
     transformer = DistifyTransformer(facts, rules, rt)
+    with _deep_recursion(path):
+        return _rewrite(path, source, module, transformer, runtime_module)
+
+
+def _rewrite(path: str, source: bytes, module: cst.Module, transformer: DistifyTransformer,
+             runtime_module: str) -> FileResult:
+    rt = transformer.rt
     updated = module.visit(transformer)
     if not any(not e.needs_human for e in transformer.edits):
         notes = _located(updated, transformer.edits)[1]
@@ -94,12 +104,37 @@ def convert_source(source: bytes, path: str = "<string>", rules: RuleSet | None 
                       own_mixed_precision=transformer.own_mixed_precision)
 
 
+#: LibCST visits recursively: long chains (``a + b + ...`` with hundreds of terms) need depth
+_DEEP_RECURSION = 20_000
+
+
+@contextlib.contextmanager
+def _deep_recursion(path: str) -> Iterator[None]:
+    """LibCST visits and generates code recursively; allow long (valid) chains, and turn the
+    rest into a one-line error instead of a traceback."""
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, _DEEP_RECURSION))
+    try:
+        yield
+    except RecursionError:
+        raise UserError("an expression is nested too deeply to convert; split it over a few "
+                        "statements", path=path, line=1, col=1) from None
+    finally:
+        sys.setrecursionlimit(limit)
+
+
 def _parse_cst(source: bytes, path: str) -> cst.Module:
     try:
         return cst.parse_module(source)
     except cst.ParserSyntaxError as err:
         raise UserError(f"LibCST cannot parse this file: {err.message}", path=path,
                         line=err.raw_line, col=err.raw_column + 1) from None
+    except UnicodeDecodeError as err:  # CPython tolerates bad bytes in comments; LibCST does not
+        line = source[:err.start].count(b"\n") + 1
+        col = err.start - (source.rfind(b"\n", 0, err.start) + 1) + 1
+        raise UserError(f"not valid {err.encoding} text (byte {source[err.start]:#04x}); "
+                        "fix the file's encoding or its coding cookie", path=path, line=line,
+                        col=col) from None
 
 
 def _located(module: cst.Module, edits) -> tuple[tuple[Item, ...], tuple[Item, ...]]:
@@ -124,8 +159,30 @@ def _add_import(updated: cst.Module, *, original: cst.Module, rt: str,
         asname=cst.AsName(cst.Name(alias)) if alias else None)])])
     body = list(updated.body)
     index = _insertion_index(body, original.body)
-    body.insert(index, stmt)
+    line = body[index] if index < len(body) else None
+    if isinstance(line, cst.SimpleStatementLine) and _future_count(line):
+        # `from __future__ import x; import torch; print(1)`: the import joins that line,
+        # right after the future import, so it precedes the rewritten code beside it.
+        count = _future_count(line)
+        small = [*line.body[:count], stmt.body[0], *line.body[count:]]
+        small[count - 1] = small[count - 1].with_changes(semicolon=cst.Semicolon(
+            whitespace_after=cst.SimpleWhitespace(" ")))
+        if count == len(line.body):
+            small[-1] = small[-1].with_changes(semicolon=cst.MaybeSentinel.DEFAULT)
+        body[index] = line.with_changes(body=small)
+    else:
+        body.insert(index, stmt)
     return updated.with_changes(body=body)
+
+
+def _future_count(line: cst.SimpleStatementLine) -> int:
+    """How many small statements at the start of ``line`` are ``from __future__`` imports."""
+    count = 0
+    for small in line.body:
+        if not (isinstance(small, cst.ImportFrom) and dotted_module(small) == "__future__"):
+            break
+        count += 1
+    return count
 
 
 def _is_import(stmt: cst.CSTNode) -> bool:
@@ -134,13 +191,15 @@ def _is_import(stmt: cst.CSTNode) -> bool:
 
 
 def _is_docstring_or_future(stmt: cst.CSTNode) -> bool:
-    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
+    """A docstring, or a line holding a ``from __future__`` import (which must stay first)."""
+    if not isinstance(stmt, cst.SimpleStatementLine) or not stmt.body:
         return False
     small = stmt.body[0]
-    if isinstance(small, cst.Expr) and isinstance(small.value, (cst.SimpleString,
-                                                                cst.ConcatenatedString)):
+    if len(stmt.body) == 1 and isinstance(small, cst.Expr) \
+            and isinstance(small.value, (cst.SimpleString, cst.ConcatenatedString)):
         return True
-    return isinstance(small, cst.ImportFrom) and dotted_module(small) == "__future__"
+    return any(isinstance(s, cst.ImportFrom) and dotted_module(s) == "__future__"
+               for s in stmt.body)
 
 
 def dotted_module(node: cst.ImportFrom) -> str:
@@ -161,7 +220,9 @@ def _first_touched(body: list, original_body) -> int:
 def _insertion_index(body: list, original_body) -> int:
     first_touched = _first_touched(body, original_body)
     index = 0
-    for i, stmt in enumerate(body[:first_touched]):
+    for i, stmt in enumerate(body[:first_touched + 1]):
+        if i == first_touched:  # a rewritten line: only a future import on it moves us on
+            break
         if _is_import(stmt) or (i == index and _is_docstring_or_future(stmt)):
             index = i + 1
         elif isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):

@@ -38,11 +38,8 @@ class PrepareMixin(TransformerBase):
                        "device per process and DDP averages the gradients; `.module` and the "
                        "checkpoint keys are unchanged")
             return updated
-        if rules.match("data_parallel_functions", qual) and len(updated.args) >= 2:
-            new = cst.Call(func=updated.args[0].value, args=[updated.args[1].with_changes(
-                comma=cst.MaybeSentinel.DEFAULT)])
-            self._edit(new, "data-parallel", f"{qual}(...) → a plain call: DDP replaces it")
-            return new
+        if rules.match("data_parallel_functions", qual):
+            return self._plain_call(updated, qual)
         if self._in_model_class():
             return None
         if rules.match("optimizers", qual):
@@ -88,7 +85,26 @@ class PrepareMixin(TransformerBase):
             self._edit(line, "prepare-model", f"{model} prepared: moved to the device and "
                        "wrapped in DDP when running on several processes")
             before.append(line)
+        if len(stmt.body) > 1:  # `m = Net(); opt = SGD(m.parameters())`: m exists only after
+            return stmt, [*before, *after]
         return cst.FlattenSentinel([*before, stmt, *after]), []
+
+    def _plain_call(self, call: cst.Call, qual: str) -> cst.BaseExpression | None:
+        """``data_parallel(module, inputs, ...)`` → ``module(inputs)``: DDP replaces it.
+        A tuple of inputs is spread, as data_parallel does; keywords are left to a human."""
+        args = call.args
+        if len(args) < 2 or any(a.keyword or a.star for a in args[:2]):
+            self._edit(call, "data-parallel", f"{qual}(...) with keyword arguments: replace it "
+                       "with a plain call of the module (DDP replaces it)", human=True)
+            return None
+        inputs = args[1].value
+        spread = inputs.elements if isinstance(inputs, cst.Tuple) else [cst.Element(inputs)]
+        new = cst.Call(func=args[0].value, args=[
+            cst.Arg(e.value, comma=cst.MaybeSentinel.DEFAULT if i == len(spread) - 1 else
+                    cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+            for i, e in enumerate(spread)])
+        self._edit(new, "data-parallel", f"{qual}(...) → a plain call: DDP replaces it")
+        return new
 
     def _wrap_prepare(self, call: cst.Call) -> cst.Call:
         prefix = f"{self.rt}.prepare("

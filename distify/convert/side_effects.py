@@ -23,6 +23,7 @@ from distify.convert.syntax import (
     _code,
     _has_keyword,
     _is_false,
+    _is_rt_call,
     _safe_by_keyword,
     _shift_continuations,
     _with_trailing_comma,
@@ -34,7 +35,7 @@ class SideEffectMixin(TransformerBase):
     def _rewrite_side_effect_call(self, original: cst.Call, updated: cst.Call,
                                   qual: str) -> cst.BaseExpression | None:
         rules = self.rules
-        if qual == "print" and "print" not in self.facts.imports.aliases:
+        if qual == "print" and "print" not in self.facts.bound:  # the builtin, not a local
             return self._retarget(updated, "print", "print", "print on the main process only")
         if self._downloads and any(arg.keyword and arg.keyword.value == "download"
                                    and not _is_false(arg.value) for arg in original.args):
@@ -98,12 +99,15 @@ class SideEffectMixin(TransformerBase):
             return None
         return entry.get("kind")
 
+    def _is_side_effect_stmt(self, small: cst.BaseSmallStatement) -> bool:
+        return isinstance(small, cst.Expr) and self._side_effect(small.value) is not None
+
     def _guard_side_effect(self, original: cst.SimpleStatementLine,
                            updated: cst.SimpleStatementLine) -> cst.If | None:
         if self._main_only_depth or len(original.body) != 1:
             return None
         small = original.body[0]
-        if not isinstance(small, cst.Expr) or self._side_effect(small.value) is None:
+        if not self._is_side_effect_stmt(small):
             return None
         what = dotted_name(small.value.func) or "this call"
         return self._main_only(updated, f"{what}(...) runs on the main process only")
@@ -203,6 +207,7 @@ class SideEffectMixin(TransformerBase):
 
     def leave_FormattedStringExpression(self, original, updated):
         expr = original.expression
-        if isinstance(expr, cst.Call) and self.rules.match("timestamps", self._qual(expr.func)):
+        if (isinstance(expr, cst.Call) and self.rules.match("timestamps", self._qual(expr.func))
+                and not _is_rt_call(updated.expression, self.rt, "broadcast_object")):
             return updated.with_changes(expression=self._agree(updated.expression))
         return updated

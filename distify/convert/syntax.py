@@ -20,46 +20,56 @@ def _callee(node: cst.BaseExpression) -> cst.BaseExpression:
     return node.func if isinstance(node, cst.Call) else node
 
 
+class _ShiftLines(cst.CSTTransformer):
+    def __init__(self, delta: int) -> None:
+        super().__init__()
+        self.delta = delta
+
+    def leave_ParenthesizedWhitespace(self, original, updated):
+        width = len(updated.last_line.value) + self.delta
+        if width < 0:
+            return updated
+        return updated.with_changes(last_line=cst.SimpleWhitespace(" " * width))
+
+
 def _shift_continuations(call: cst.Call, delta: int) -> cst.Call:
     """Move the continuation lines of a call whose arguments are aligned with its opening
     parenthesis by ``delta`` columns, as one would by hand after renaming the callee. Calls in
     the hanging-indent style (a line break right after the parenthesis) are left alone."""
     if delta == 0 or isinstance(call.whitespace_before_args, cst.ParenthesizedWhitespace):
         return call
+    shift = _ShiftLines(delta)
+    return call.with_changes(args=[arg.visit(shift) for arg in call.args])
 
-    class _Shift(cst.CSTTransformer):
-        def leave_ParenthesizedWhitespace(self, original, updated):
-            width = len(updated.last_line.value) + delta
-            if width < 0:
-                return updated
-            return updated.with_changes(last_line=cst.SimpleWhitespace(" " * width))
 
-    return call.with_changes(args=[arg.visit(_Shift()) for arg in call.args])
+class _Finder(cst.CSTVisitor):
+    """Does a subtree contain a ``%`` operation / a call of method ``method``?"""
+
+    def __init__(self, method: str | None = None) -> None:
+        super().__init__()
+        self.method = method
+        self.found = False
+
+    def visit_BinaryOperation(self, op: cst.BinaryOperation) -> None:
+        if self.method is None and isinstance(op.operator, cst.Modulo):
+            self.found = True
+
+    def visit_Call(self, call: cst.Call) -> None:
+        if self.method is not None and isinstance(call.func, cst.Attribute) \
+                and call.func.attr.value == self.method:
+            self.found = True
 
 
 def _has_modulo(node: cst.CSTNode) -> bool:
-    found = False
-
-    class _Find(cst.CSTVisitor):
-        def visit_BinaryOperation(self, op: cst.BinaryOperation) -> None:
-            nonlocal found
-            found = found or isinstance(op.operator, cst.Modulo)
-
-    node.visit(_Find())
-    return found
+    finder = _Finder()
+    node.visit(finder)
+    return finder.found
 
 
 def _calls_method(node: cst.CSTNode, method: str) -> bool:
-    found = False
-
-    class _Find(cst.CSTVisitor):
-        def visit_Call(self, call: cst.Call) -> None:
-            nonlocal found
-            found = found or (isinstance(call.func, cst.Attribute)
-                              and call.func.attr.value == method)
-
-    node.visit(_Find())
-    return found
+    finder = _Finder(method)
+    node.visit(finder)
+    return finder.found
 
 
 def _strip_parens(node: cst.BaseExpression) -> cst.BaseExpression:
@@ -80,8 +90,12 @@ def _with_trailing_comma(args: Sequence[cst.Arg]) -> list[cst.Arg]:
     if not args:
         return []
     last = args[-1]
+    space = cst.SimpleWhitespace(" ")
     if last.comma == cst.MaybeSentinel.DEFAULT:
-        last = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+        last = last.with_changes(comma=cst.Comma(whitespace_after=space))
+    elif isinstance(last.comma.whitespace_after, cst.SimpleWhitespace) \
+            and not last.comma.whitespace_after.value:
+        last = last.with_changes(comma=last.comma.with_changes(whitespace_after=space))
     return [*args[:-1], last]
 
 
@@ -136,19 +150,25 @@ def _is_zero(node: cst.BaseExpression) -> bool:
     return False
 
 
+class _NameCollector(cst.CSTVisitor):
+    """The plain names a subtree reads (``a.b`` contributes ``a``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+
+    def visit_Name(self, name: cst.Name) -> None:
+        self.names.add(name.value)
+
+    def visit_Attribute(self, attr: cst.Attribute) -> bool:
+        attr.value.visit(self)
+        return False
+
+
 def _names_in(node: cst.CSTNode) -> set[str]:
-    names: set[str] = set()
-
-    class _Collect(cst.CSTVisitor):
-        def visit_Name(self, name: cst.Name) -> None:
-            names.add(name.value)
-
-        def visit_Attribute(self, attr: cst.Attribute) -> bool:
-            attr.value.visit(self)
-            return False
-
-    node.visit(_Collect())
-    return names
+    collector = _NameCollector()
+    node.visit(collector)
+    return collector.names
 
 
 def _leaves_loop(body: cst.BaseSuite, is_exit) -> bool:
@@ -166,24 +186,29 @@ def _leaves_loop(body: cst.BaseSuite, is_exit) -> bool:
     return False
 
 
+class _ParameterRoots(cst.CSTVisitor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.roots: list[str] = []
+
+    def visit_Call(self, call: cst.Call) -> None:
+        func = call.func
+        if not (isinstance(func, cst.Attribute) and func.attr.value in _PARAM_METHODS):
+            return
+        dotted = dotted_name(func.value)
+        if not dotted:
+            return
+        parts = dotted.split(".")
+        root = ".".join(parts[:2]) if parts[0] == "self" and len(parts) > 1 else parts[0]
+        if root not in self.roots and root != "self":
+            self.roots.append(root)
+
+
 def _parameter_roots(node: cst.CSTNode) -> list[str]:
     """``model.fc.parameters()`` → ``model``; ``self.net.parameters()`` → ``self.net``."""
-    roots: list[str] = []
-
-    class _Find(cst.CSTVisitor):
-        def visit_Call(self, call: cst.Call) -> None:
-            func = call.func
-            if isinstance(func, cst.Attribute) and func.attr.value in _PARAM_METHODS:
-                dotted = dotted_name(func.value)
-                if dotted:
-                    parts = dotted.split(".")
-                    root = ".".join(parts[:2]) if parts[0] == "self" and len(parts) > 1 \
-                        else parts[0]
-                    if root not in roots and root != "self":
-                        roots.append(root)
-
-    node.visit(_Find())
-    return roots
+    finder = _ParameterRoots()
+    node.visit(finder)
+    return finder.roots
 
 
 def _single_target(stmt: cst.SimpleStatementLine) -> cst.BaseExpression | None:
@@ -202,6 +227,10 @@ def _assigned_value(stmt: cst.SimpleStatementLine) -> cst.BaseExpression | None:
 
 def _is_rt_prepare(call: cst.Call, rt: str) -> bool:
     return dotted_name(call.func) == f"{rt}.prepare" and len(call.args) == 1
+
+
+def _is_rt_call(node: cst.BaseExpression, rt: str, name: str) -> bool:
+    return isinstance(node, cst.Call) and dotted_name(node.func) == f"{rt}.{name}"
 
 
 def _is_device_string(node: cst.BaseExpression) -> bool:
@@ -224,17 +253,20 @@ def _literal_args(call: cst.Call) -> bool:
     return all(isinstance(arg.value, (cst.SimpleString, cst.Integer)) for arg in call.args)
 
 
+class _DeviceStrings(cst.CSTVisitor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.found = False
+
+    def visit_SimpleString(self, node: cst.SimpleString) -> None:
+        self.found = self.found or _is_device_string(node)
+
+
 def _selects_accelerator(call: cst.Call, qual: str) -> bool:
     """``torch.device("cuda" ...)`` picks an accelerator; ``torch.device("cpu")`` does not."""
     if not qual.endswith(".device"):
         return True
-    found = False
-
-    class _Strings(cst.CSTVisitor):
-        def visit_SimpleString(self, node: cst.SimpleString) -> None:
-            nonlocal found
-            found = found or _is_device_string(node)
-
+    finder = _DeviceStrings()
     for arg in call.args:
-        arg.visit(_Strings())
-    return found
+        arg.visit(finder)
+    return finder.found

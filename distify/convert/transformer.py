@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from distify.analysis.names import dotted_name
 from distify.convert.base import Edit, TransformerBase
 from distify.convert.devices import DeviceMixin
 from distify.convert.loops import LoopMixin
@@ -52,6 +53,8 @@ class DistifyTransformer(PrepareMixin, DeviceMixin, LoopMixin, SideEffectMixin, 
             self._attach_removals(updated)
         if downloads:
             self._download_stmts.add(id(updated))
+        if len(original.body) > 1 and any(self._is_side_effect_stmt(s) for s in original.body):
+            return self._split_line(original, updated)
         guarded = self._guard_side_effect(original, updated)
         if guarded is not None:
             return guarded
@@ -62,6 +65,42 @@ class DistifyTransformer(PrepareMixin, DeviceMixin, LoopMixin, SideEffectMixin, 
         if not after:
             return updated
         return cst.FlattenSentinel([updated, *after])
+
+    def _split_line(self, original: cst.SimpleStatementLine,
+                    updated: cst.SimpleStatementLine) -> cst.FlattenSentinel:
+        """``os.makedirs(d); x = 1`` → one statement a line, the side effect guarded."""
+        lines: list[cst.BaseStatement] = []
+        for index, (old, new) in enumerate(zip(original.body, updated.body)):
+            line = cst.SimpleStatementLine(
+                body=[new.with_changes(semicolon=cst.MaybeSentinel.DEFAULT)],
+                leading_lines=updated.leading_lines if index == 0 else ())
+            if self._is_side_effect_stmt(old) and not self._main_only_depth:
+                line = self._main_only(line, f"{dotted_name(old.value.func)}(...) runs on the "
+                                             "main process only")
+            lines.append(line)
+        return cst.FlattenSentinel(lines)
+
+    # A one-line suite (`if cond: stmt`) is handled as the line it holds; when the rewrite needs
+    # more than that line, the suite becomes an indented block.
+    def visit_SimpleStatementSuite(self, node: cst.SimpleStatementSuite) -> None:
+        self.visit_SimpleStatementLine(node)  # type: ignore[arg-type]
+
+    def leave_SimpleStatementSuite(self, original: cst.SimpleStatementSuite,
+                                   updated: cst.SimpleStatementSuite):
+        as_line = cst.SimpleStatementLine(body=updated.body)
+        result = self.leave_SimpleStatementLine(
+            cst.SimpleStatementLine(body=original.body), as_line)
+        if result is as_line:
+            return updated
+        if isinstance(result, cst.FlattenSentinel):
+            statements = list(result.nodes)
+        elif isinstance(result, cst.RemovalSentinel):
+            placeholder = cst.SimpleStatementLine([cst.Pass()])
+            self._emptied.add(id(placeholder))
+            statements = [placeholder]
+        else:
+            statements = [result]
+        return cst.IndentedBlock(body=statements, header=updated.trailing_whitespace)
 
     @property
     def _statement_call(self) -> bool:

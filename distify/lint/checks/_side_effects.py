@@ -1,0 +1,69 @@
+"""Shared by DST101-DST104: a call from the ``side_effects`` pack reached by every rank."""
+
+from __future__ import annotations
+
+import ast
+from typing import ClassVar
+
+from distify.lint.engine import Site
+from distify.lint.rule import LintRule
+from distify.rules import Entry
+
+
+class SideEffectRule(LintRule):
+    """Reports calls of one ``kind`` of side effect that every rank runs.
+
+    A call counts as guarded when every way the walk knows of reaching it passes a main-process
+    guard (see :mod:`distify.lint.guards`), including through the calls of the function it is in.
+    The fix wraps the statement in the file's own guard when the statement is the call itself
+    (or a ``with`` around it) and nothing after it needs what it binds.
+    """
+
+    KIND: ClassVar[str] = ""
+    WHAT: ClassVar[str] = ""  # "writes a checkpoint", filled into MESSAGE
+
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        self.sites: list[tuple[ast.Call, Site, Entry]] = []
+
+    def visit_Call(self, node: ast.Call) -> None:
+        entry = self.ctx.match("side_effects", self.ctx.callee(node))
+        if entry is None or entry.get("kind") != self.KIND or _made_safe(node, entry):
+            return
+        if self.applies(node, entry):
+            self.sites.append((node, self.ctx.site(), entry))
+
+    def applies(self, node: ast.Call, entry: Entry) -> bool:
+        """Whether this call of a matching name is a side effect (rules refine it)."""
+        return True
+
+    def keep(self, node: ast.Call, entry: Entry) -> bool:
+        """Last look in ``finish``, when the whole file has been seen."""
+        return True
+
+    def finish(self) -> None:
+        ctx = self.ctx
+        for node, site, entry in self.sites:
+            if not ctx.on_every_rank(ctx.reaches(site)) or not self.keep(node, entry):
+                continue
+            stmt = site.stmt
+            whole = (isinstance(stmt, ast.Expr) and stmt.value is node) or (
+                isinstance(stmt, (ast.With, ast.AsyncWith))
+                and any(item.context_expr is node for item in stmt.items))
+            fix = ctx.guard_fix(site) if whole else None
+            self.report(node, self.MESSAGE.format(name=self.display(node)), site=site, fix=fix)
+
+    def display(self, node: ast.Call) -> str:
+        return self.ctx.segment(node.func)
+
+
+def _made_safe(node: ast.Call, entry: Entry) -> bool:
+    """``safe_if``: a keyword argument that makes the call safe on every rank."""
+    safe_if = entry.get("safe_if") or {}
+    for keyword in node.keywords:
+        if keyword.arg in safe_if:
+            wanted = safe_if[keyword.arg]
+            if wanted == "*" or (isinstance(keyword.value, ast.Constant)
+                                 and keyword.value.value == wanted):
+                return True
+    return False

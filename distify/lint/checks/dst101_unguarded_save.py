@@ -1,0 +1,126 @@
+"""DST101: a checkpoint saved by every rank."""
+
+from __future__ import annotations
+
+from distify.lint.checks._side_effects import SideEffectRule
+from distify.lint.rule import Invalid, Valid
+
+
+class UnguardedSave(SideEffectRule):
+    """A checkpoint is saved by every rank.
+
+    ``torch.save``, ``save_pretrained``, ``safetensors`` and friends (``kind: save`` in
+    ``rules/side_effects.yaml``) run once per process in a distributed job: N processes write the
+    same file at once, and a reader can see it half written. Save on the main process only.
+    Saves through an API that already writes once are fine: ``accelerator.save``, the distify
+    runtime's ``distify.save``, ``save_pretrained(..., is_main_process=...)``.
+
+    The fix wraps the call in the file's own guard (``if rank == 0:``,
+    ``if accelerator.is_main_process:``, ...), or in ``if distify.is_main_process():`` with
+    ``import distify.runtime as distify`` added when the file has none. It does not touch a save
+    whose result is assigned, or one sharing a line with other code.
+    """
+
+    CODE = "DST101"
+    KIND = "save"
+    MESSAGE = "`{name}` saves a checkpoint on every rank; save on the main process only"
+
+    VALID = (
+        Valid("""
+            import torch
+            import torch.distributed as dist
+
+            if dist.get_rank() == 0:
+                torch.save(model.state_dict(), "model.pt")
+        """),
+        Valid("""
+            import torch
+            from accelerate import Accelerator
+
+            accelerator = Accelerator()
+            accelerator.save(model.state_dict(), "model.pt")
+            model.save_pretrained("out", is_main_process=accelerator.is_main_process)
+        """),
+        Valid("""
+            import torch
+            import torch.distributed as dist
+
+            def save_checkpoint(state, path):
+                torch.save(state, path)
+
+            if dist.get_rank() == 0:
+                save_checkpoint(model.state_dict(), "ckpt.pt")
+        """),
+        Valid("""
+            import torch
+            import distify.runtime as distify
+
+            distify.save(model.state_dict(), "model.pt")
+        """),
+    )
+    INVALID = (
+        Invalid("""
+            import torch
+            import torch.distributed as dist
+
+            rank = dist.get_rank()
+            for epoch in range(10):
+                train(epoch)
+                if rank == 0:
+                    print(epoch)
+                torch.save(model.state_dict(), "model.pt")
+        """, line=9, fixed="""
+            import torch
+            import torch.distributed as dist
+
+            rank = dist.get_rank()
+            for epoch in range(10):
+                train(epoch)
+                if rank == 0:
+                    print(epoch)
+                if rank == 0:
+                    torch.save(model.state_dict(), "model.pt")
+        """),
+        Invalid("""
+            import torch
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            def main():
+                model = DDP(build())
+                torch.save(model.module.state_dict(), "model.pt")
+        """, line=6, fixed="""
+            import torch
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            import distify.runtime as distify
+
+            def main():
+                model = DDP(build())
+                if distify.is_main_process():
+                    torch.save(model.module.state_dict(), "model.pt")
+        """),
+        Invalid("""
+            from accelerate import Accelerator
+
+            accelerator = Accelerator()
+            if accelerator.is_main_process:
+                print("saving")
+            model.save_pretrained("out")
+            tokenizer.save_pretrained("out")
+        """, line=6, fixed="""
+            from accelerate import Accelerator
+
+            accelerator = Accelerator()
+            if accelerator.is_main_process:
+                print("saving")
+            if accelerator.is_main_process:
+                model.save_pretrained("out")
+                tokenizer.save_pretrained("out")
+        """),
+        Invalid("""
+            import torch
+            import torch.distributed as dist
+
+            ckpt = torch.save(state, "a.pt") if dist.get_rank() == 0 else None
+            size = torch.save(state, "b.pt")
+        """, line=5),
+    )

@@ -1,0 +1,692 @@
+"""One traversal per file runs every rule, knowing at each node which ranks reach it.
+
+The file is parsed with the stdlib ``ast`` (ten times faster than LibCST, positions included);
+LibCST is used only to apply fixes (:mod:`distify.lint.fixer`). The walk keeps a stack of
+*frames*, one per enclosing rank condition (``if rank == 0:``, its ``else``, the rest of a block
+after ``if not is_main: return``, a ``@rank_zero_only`` function), so that a rule asking
+:meth:`FileContext.site` learns whether the node runs on every rank, the main process only, or
+only some ranks, and why.
+
+A function's body starts on every rank as far as the walk knows; after the walk, the call sites
+of each function defined in the file (matched by name) decide who really enters it, so a
+``torch.save`` inside ``save_checkpoint()`` that is only called under ``if rank == 0:`` is
+guarded. A function with no call site in the file, or used as a value (``mp.spawn(main_worker)``,
+a callback), is entered by every rank. Rules that depend on this record a :class:`Site` while
+visiting and ask :meth:`FileContext.reaches` in ``finish``.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import io
+import re
+import tokenize
+from collections import Counter
+from dataclasses import dataclass, field
+
+from distify.analysis.names import ImportMap, ast_dotted_name
+from distify.lint.guards import ALL, MAIN, GuardFacts, Reach, complement, meet
+from distify.lint.matcher import Matcher
+from distify.lint.model import PARSE_ERROR, FileResult, Finding, Fix
+from distify.lint.rule import REGISTRY, LintRule
+from distify.lint.suppression import Suppressions
+
+_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
+_LOOPS = (ast.For, ast.AsyncFor, ast.While)
+_SKIP_FIELDS = frozenset({"ctx", "op", "ops", "type_comment", "is_async"})
+_BINDING = (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Import, ast.ImportFrom, ast.FunctionDef,
+            ast.AsyncFunctionDef, ast.ClassDef, ast.Global, ast.Nonlocal, ast.Delete,
+            ast.Return, ast.Break, ast.Continue, ast.Yield, ast.YieldFrom, ast.Await,
+            ast.NamedExpr)
+_BUILTINS = frozenset(dir(builtins))
+#: the fields that hold statement blocks (``handlers`` and match ``cases`` hold nodes with one)
+_BLOCKS = ("body", "orelse", "finalbody", "handlers", "cases")
+_MAYBE_DISTRIBUTED = re.compile(rb"distributed|multiprocessing", re.IGNORECASE)
+RUNTIME_MODULES = ("distify.runtime", "distify_runtime")
+
+
+@dataclass(frozen=True)
+class Cause:
+    """Why some code is rank-restricted: ``kind`` is ``if``, ``else``, ``exit`` or
+    ``decorator``; ``node`` the ``if`` statement, the exit statement or the decorator."""
+
+    kind: str
+    node: ast.AST
+
+    @property
+    def line(self) -> int:
+        return self.node.lineno
+
+
+@dataclass(frozen=True)
+class State:
+    """Which ranks reach a node, and the innermost reason when not all of them."""
+
+    reach: Reach
+    cause: Cause | None = None
+
+
+EVERY = State(ALL)
+
+
+def compose(outer: State, inner: State) -> State:
+    """The state of code under ``inner`` when its enclosing code is under ``outer``."""
+    if inner.reach is ALL:
+        return outer
+    if outer.reach is ALL:
+        return inner
+    return State(meet(outer.reach, inner.reach), inner.cause)
+
+
+@dataclass(frozen=True)
+class Site:
+    """A node's place: its enclosing function (None at module level), local state, statement."""
+
+    function: ast.AST | None
+    state: State
+    stmt: ast.stmt
+    next_line: int | None  # the line the next statement of the same block starts on
+
+
+@dataclass
+class _Owner:
+    """A function, module or loop: the extent of an early exit's effect."""
+
+    node: ast.AST
+    is_loop: bool
+    mark: int
+    exits: list[State] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class LintOptions:
+    """What to check: the rule packs, the rule codes to run, whether non-distributed files too."""
+
+    matcher: Matcher
+    codes: tuple[str, ...]
+    check_all: bool = False
+    #: bytes a file must match to be parsed at all (see :func:`distify.lint.discovery.prefilter`)
+    prefilter: re.Pattern[bytes] | None = None
+
+
+class FileContext:
+    """Everything rules know about the file being checked, and where the walk is in it."""
+
+    def __init__(self, path: str, source: bytes, tree: ast.Module, options: LintOptions) -> None:
+        self.path = path
+        self.source = source
+        self.tree = tree
+        self.options = options
+        self.matcher = options.matcher
+        assigns, functions, self.imports = _collect(tree)
+        self.functions = functions
+        self.function_names = frozenset(func.name for func in functions)
+        self.facts = GuardFacts.collect(assigns, functions, self.imports, self.matcher)
+        self.module_names = _module_names(tree) | set(self.imports.aliases)
+        self.distributed = self._imports_distributed()
+        self.function: ast.AST | None = None
+        self.stmt: ast.stmt = tree
+        self.next_line: int | None = None
+        self.findings: list[Finding] = []
+        self._walker: _Walker | None = None
+        self._entries: dict[ast.AST, frozenset[State]] = {}
+        self._callees: dict[int, str | None] = {}
+        self._text: str | None = None
+        self._lines: list[str] | None = None
+
+    # --- names ----------------------------------------------------------------------------
+
+    def callee(self, call: ast.Call) -> str | None:
+        """The qualified name of what ``call`` calls, with ``()`` for calls and ``<expr>`` for
+        anything else in the chain: ``pathlib.Path().write_text``, ``<expr>.savefig``."""
+        key = id(call)
+        if key not in self._callees:
+            self._callees[key] = self.loose_qualname(call.func)
+        return self._callees[key]
+
+    def loose_qualname(self, node: ast.AST) -> str | None:
+        parts: list[str] = []
+        while isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+        if isinstance(node, ast.Name):
+            root = self.imports.resolve(node.id)
+        elif isinstance(node, ast.Call):
+            inner = self.loose_qualname(node.func)
+            root = f"{inner}()" if inner else "<expr>"
+        elif parts:
+            root = "<expr>"
+        else:
+            return None
+        return ".".join([root, *reversed(parts)])
+
+    def match(self, category: str, name: str | None):
+        return self.matcher.match(category, name)
+
+    def runtime_alias(self) -> str | None:
+        """The name the file imports the distify runtime as, if it does."""
+        for alias, target in self.imports.aliases.items():
+            if target in RUNTIME_MODULES:
+                return alias
+        return None
+
+    # --- where the walk is ----------------------------------------------------------------
+
+    def site(self) -> Site:
+        """The current node's site (function, state, statement)."""
+        return Site(self.function, self._walker.state(), self.stmt, self.next_line)
+
+    def reaches(self, site: Site) -> frozenset[State]:
+        """After the walk: every state ``site`` can run in, over all calls of its function."""
+        entries = self._entries.get(site.function, frozenset({EVERY}))
+        return frozenset(compose(entry, site.state) for entry in entries)
+
+    @staticmethod
+    def on_every_rank(states: frozenset[State]) -> bool:
+        return any(state.reach is ALL for state in states)
+
+    # --- source text ----------------------------------------------------------------------
+
+    @property
+    def text(self) -> str:
+        if self._text is None:
+            encoding, _ = tokenize.detect_encoding(io.BytesIO(self.source).readline)
+            self._text = self.source.decode(encoding, errors="replace")
+        return self._text
+
+    @property
+    def lines(self) -> list[str]:
+        if self._lines is None:
+            self._lines = self.text.splitlines()
+        return self._lines
+
+    def char_col(self, line: int, byte_col: int) -> int:
+        """``ast`` columns count UTF-8 bytes; findings count characters."""
+        text = self.lines[line - 1] if 0 < line <= len(self.lines) else ""
+        if text.isascii():
+            return byte_col
+        return len(text.encode("utf-8")[:byte_col].decode("utf-8", errors="replace"))
+
+    def segment(self, node: ast.AST) -> str:
+        """The source of ``node`` on one line (re-spelled by ``ast.unparse`` if it spans more)."""
+        if node.lineno == node.end_lineno:
+            line = self.lines[node.lineno - 1].encode("utf-8")
+            return line[node.col_offset:node.end_col_offset].decode("utf-8")
+        return ast.unparse(node)
+
+    # --- reporting ------------------------------------------------------------------------
+
+    def report(self, code: str, node: ast.AST, message: str, *, site: Site | None = None,
+               fix: Fix | None = None) -> None:
+        stmt = site.stmt if site is not None else None
+        lines = {node.lineno}
+        if isinstance(stmt, ast.stmt) and not hasattr(stmt, "body"):
+            lines.update((stmt.lineno, stmt.end_lineno))
+        self.findings.append(Finding(
+            self.path, node.lineno, self.char_col(node.lineno, node.col_offset) + 1,
+            node.end_lineno, self.char_col(node.end_lineno, node.end_col_offset) + 1,
+            code, message, fix))
+        self._noqa_lines.append(tuple(sorted(lines)))
+
+    # --- fixes ----------------------------------------------------------------------------
+
+    def guard_fix(self, site: Site) -> Fix | None:
+        """A fix wrapping ``site``'s statement in the file's main-process guard, when safe."""
+        if not self._wrappable(site):
+            return None
+        stmt = site.stmt
+        guard, alias = self._guard_for(site.function, stmt.lineno)
+        return Fix("guard", stmt.lineno, self.char_col(stmt.lineno, stmt.col_offset), guard=guard,
+                   import_runtime=alias)
+
+    def _wrappable(self, site: Site) -> bool:
+        stmt = site.stmt
+        if isinstance(stmt, (ast.With, ast.AsyncWith)):
+            inner = [node for child in stmt.body for node in ast.walk(child)]
+            if any(isinstance(node, _BINDING) for node in inner):
+                return False
+        elif not isinstance(stmt, ast.Expr):
+            return False
+        first = self.lines[stmt.lineno - 1].encode("utf-8")[:stmt.col_offset]
+        if first.strip() or site.next_line == stmt.end_lineno:
+            return False  # shares a line with other code (`;`, one-line `if x: save()`)
+        for node in ast.walk(stmt):
+            if isinstance(node, (ast.NamedExpr, ast.Yield, ast.YieldFrom, ast.Await)):
+                return False
+            if isinstance(node, ast.Call) and self.match("collectives", self.callee(node)):
+                return False  # guarding a collective would hang the other ranks
+        return True
+
+    def _guard_for(self, function: ast.AST | None, line: int) -> tuple[str, str]:
+        """The guard expression to use at ``line`` and the runtime alias to import, if any.
+
+        Preference: a guard used earlier in the same function; a guard whose names are bound
+        at module level (or are the function's parameters), the most used one; the runtime's
+        ``is_main_process()`` (imported if the file does not already import the runtime).
+        """
+        candidates = self._walker.guards
+        local = [test for func, test in candidates if func is function and test.lineno < line]
+        if local:
+            return self.segment(local[-1]), ""
+        bound = self.module_names | _BUILTINS | _params(function)
+        usable = Counter(self.segment(test) for _, test in candidates
+                         if _roots(test) <= bound)
+        if usable:
+            return usable.most_common(1)[0][0], ""
+        instance = self._wrapper_guard(function, line)
+        if instance:
+            return instance, ""
+        alias = self.runtime_alias()
+        if alias:
+            return f"{alias}.is_main_process()", ""
+        alias = "distify" if "distify" not in self.module_names else "distify_runtime"
+        return f"{alias}.is_main_process()", alias
+
+    def _wrapper_guard(self, function: ast.AST | None, line: int) -> str | None:
+        """``accelerator.is_main_process`` for an ``accelerator = Accelerator()`` made earlier
+        in the same function or at module level (the ``guard`` field of ``wrappers``)."""
+        scopes = [function.body] if function is not None else []
+        scopes.append(self.tree.body)
+        for body in scopes:
+            for stmt in body:
+                if (isinstance(stmt, ast.Assign) and stmt.lineno < line
+                        and len(stmt.targets) == 1 and isinstance(stmt.value, ast.Call)):
+                    entry = self.match("wrappers", self.callee(stmt.value))
+                    name = ast_dotted_name(stmt.targets[0])
+                    if entry is not None and entry.get("guard") and name:
+                        return f"{name}.{entry.get('guard')}"
+        return None
+
+    # --- the run --------------------------------------------------------------------------
+
+    def _imports_distributed(self) -> bool:
+        names = self.imports.modules | set(self.imports.aliases.values())
+        return any(self.match("distributed_markers", name) for name in names)
+
+    def run(self, rule_classes: list[type[LintRule]]) -> list[Finding]:
+        self._noqa_lines: list[tuple[int, ...]] = []
+        rules = [cls(self) for cls in rule_classes]
+        self._walker = _Walker(self, rules)
+        self._walker.walk(self.tree)
+        self._entries = self._walker.resolve_entries()
+        for rule in rules:
+            rule.finish()
+        suppressions = Suppressions(self.text, self._noqa_lines) if self.findings else None
+        return [finding for finding, lines in zip(self.findings, self._noqa_lines)
+                if not suppressions.suppressed(finding.code, lines)]
+
+
+class _Walker:
+    """The single traversal: keeps the rank frames and dispatches nodes to every rule."""
+
+    def __init__(self, ctx: FileContext, rules: list[LintRule]) -> None:
+        self.ctx = ctx
+        self.visitors: dict[type, list] = {}
+        self.leavers: dict[type, list] = {}
+        for rule in rules:
+            for name in dir(type(rule)):
+                prefix, _, node_type = name.partition("_")
+                if prefix in ("visit", "leave") and hasattr(ast, node_type):
+                    table = self.visitors if prefix == "visit" else self.leavers
+                    table.setdefault(getattr(ast, node_type), []).append(getattr(rule, name))
+        self.special = {
+            ast.Module: self._module, ast.FunctionDef: self._function,
+            ast.AsyncFunctionDef: self._function, ast.If: self._if, ast.IfExp: self._if_exp,
+            ast.BoolOp: self._bool_op, ast.For: self._loop, ast.AsyncFor: self._loop,
+            ast.While: self._loop, ast.Return: self._exit, ast.Break: self._exit,
+            ast.Continue: self._exit, ast.Call: self._call, ast.Name: self._name,
+            ast.Attribute: self._attribute,
+        }
+        # Leaf node types no rule visits are not walked into at all (literals are a third of
+        # the nodes of a typical script).
+        self.leaves = frozenset({ast.Constant} - set(self.visitors) - set(self.leavers))
+        self.frames: list[State] = []
+        self.composed: list[State] = [EVERY]
+        self.owners: list[_Owner] = []
+        self.exit_state: State | None = None
+        self.callee_ids: set[int] = set()
+        self.call_sites: dict[str, list[Site]] = {}
+        self.value_refs: set[str] = set()
+        self.guards: list[tuple[ast.AST | None, ast.expr]] = []
+
+    # --- state ----------------------------------------------------------------------------
+
+    def state(self) -> State:
+        top = self.composed[-1]
+        return compose(top, self.exit_state) if self.exit_state is not None else top
+
+    def push(self, frame: State) -> None:
+        self.frames.append(frame)
+        self.composed.append(compose(self.composed[-1], frame))
+
+    def pop(self) -> None:
+        self.frames.pop()
+        self.composed.pop()
+
+    def _refresh_exits(self) -> None:
+        state = None
+        for owner in self.owners:
+            for frame in owner.exits:
+                state = compose(state or EVERY, frame)
+        self.exit_state = state
+
+    # --- traversal ------------------------------------------------------------------------
+
+    def walk(self, tree: ast.Module) -> None:
+        self.visit(tree)
+
+    def visit(self, node: ast.AST) -> None:
+        handlers = self.visitors.get(type(node))
+        special = self.special.get(type(node))
+        if special is not None:
+            special(node, handlers)
+        else:
+            if handlers:
+                for handler in handlers:
+                    handler(node)
+            self.children(node)
+        leavers = self.leavers.get(type(node))
+        if leavers:
+            for handler in leavers:
+                handler(node)
+
+    def children(self, node: ast.AST) -> None:
+        for name in node._fields:
+            if name in _SKIP_FIELDS:
+                continue
+            value = getattr(node, name, None)
+            if isinstance(value, list):
+                if value and isinstance(value[0], ast.stmt):
+                    self.body(value)
+                else:
+                    for item in value:
+                        if isinstance(item, ast.AST) and type(item) not in self.leaves:
+                            self.visit(item)
+            elif isinstance(value, ast.AST) and type(value) not in self.leaves:
+                self.visit(value)
+
+    def body(self, stmts: list[ast.stmt]) -> None:
+        ctx = self.ctx
+        saved = ctx.stmt, ctx.next_line
+        last = len(stmts) - 1
+        for index, stmt in enumerate(stmts):
+            ctx.stmt = stmt
+            ctx.next_line = stmts[index + 1].lineno if index < last else None
+            self.visit(stmt)
+        ctx.stmt, ctx.next_line = saved
+
+    @staticmethod
+    def _dispatch(node: ast.AST, handlers) -> None:
+        if handlers:
+            for handler in handlers:
+                handler(node)
+
+    # --- special nodes --------------------------------------------------------------------
+
+    def _module(self, node: ast.Module, handlers) -> None:
+        self._dispatch(node, handlers)
+        self.owners.append(_Owner(node, False, 0))
+        self.body(node.body)
+
+    def _function(self, node: ast.AST, handlers) -> None:
+        self._dispatch(node, handlers)
+        for decorator in node.decorator_list:
+            self.visit(decorator)
+        self.visit(node.args)
+        if node.returns is not None:
+            self.visit(node.returns)
+        ctx = self.ctx
+        saved = (self.frames, self.composed, self.owners, self.exit_state, ctx.function)
+        self.frames, self.composed, self.owners, self.exit_state = [], [EVERY], [], None
+        for decorator in node.decorator_list:
+            target = decorator.func if isinstance(decorator, ast.Call) else decorator
+            if ctx.match("guard_decorators", ctx.loose_qualname(target)):
+                self.composed = [State(MAIN, Cause("decorator", decorator))]
+        ctx.function = node
+        self.owners.append(_Owner(node, False, 0))
+        self.body(node.body)
+        self.frames, self.composed, self.owners, self.exit_state, ctx.function = saved
+
+    def _if(self, node: ast.If, handlers) -> None:
+        self._dispatch(node, handlers)
+        self.visit(node.test)
+        test = self.ctx.facts.test(node.test)
+        if test is None:
+            self.body(node.body)
+            if node.orelse:
+                self.body(node.orelse)
+            return
+        guard = self.ctx.facts.main_operand(node.test)
+        if guard is not None:
+            self.guards.append((self.ctx.function, guard))
+        self.push(State(test.true, Cause("if", node)))
+        self.body(node.body)
+        self.pop()
+        if node.orelse:
+            self.push(State(test.false, Cause("else", node)))
+            self.body(node.orelse)
+            self.pop()
+
+    def _if_exp(self, node: ast.IfExp, handlers) -> None:
+        self._dispatch(node, handlers)
+        self.visit(node.test)
+        test = self.ctx.facts.test(node.test)
+        for branch, reach in ((node.body, test and test.true), (node.orelse, test and test.false)):
+            if reach:
+                self.push(State(reach, Cause("if", node)))
+            self.visit(branch)
+            if reach:
+                self.pop()
+
+    def _bool_op(self, node: ast.BoolOp, handlers) -> None:
+        self._dispatch(node, handlers)
+        pushed = 0
+        for value in node.values:
+            self.visit(value)
+            test = self.ctx.facts.test(value)
+            if test is not None:
+                reach = test.true if isinstance(node.op, ast.And) else test.false
+                self.push(State(reach, Cause("if", node)))
+                pushed += 1
+        for _ in range(pushed):
+            self.pop()
+
+    def _loop(self, node: ast.AST, handlers) -> None:
+        self._dispatch(node, handlers)
+        for name in ("target", "iter", "test"):
+            child = getattr(node, name, None)
+            if child is not None:
+                self.visit(child)
+        self.owners.append(_Owner(node, True, len(self.frames)))
+        self.body(node.body)
+        self.owners.pop()
+        self._refresh_exits()
+        if node.orelse:
+            self.body(node.orelse)
+
+    def _exit(self, node: ast.stmt, handlers) -> None:
+        self._dispatch(node, handlers)
+        self.children(node)
+        self.leave_scope(node, loop=isinstance(node, (ast.Break, ast.Continue)))
+
+    def leave_scope(self, node: ast.AST, *, loop: bool) -> None:
+        """``node`` leaves its loop or function: if only some ranks get here, the code after it
+        in that loop or function is reached by the others only."""
+        index = len(self.owners) - 1
+        while index >= 0 and loop and not self.owners[index].is_loop:
+            index -= 1
+        if index < 0:
+            return
+        if not loop:
+            index = 0
+        owner = self.owners[index]
+        relative = EVERY
+        for frame in self.frames[owner.mark:]:
+            relative = compose(relative, frame)
+        for inner in self.owners[index:]:
+            for frame in inner.exits:
+                relative = compose(relative, frame)
+        if relative.reach is ALL:
+            return
+        owner.exits.append(State(complement(relative.reach), Cause("exit", node)))
+        self._refresh_exits()
+
+    def _call(self, node: ast.Call, handlers) -> None:
+        ctx = self.ctx
+        func = node.func
+        name = None
+        if isinstance(func, ast.Name):
+            name = func.id
+        elif isinstance(func, ast.Attribute):
+            root = func.value
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if not (isinstance(root, ast.Name) and root.id in ctx.imports.aliases):
+                name = func.attr
+        if name is not None:
+            self.callee_ids.add(id(func))
+            if name in ctx.function_names:
+                self.call_sites.setdefault(name, []).append(ctx.site())
+        if not ctx.distributed and ctx.match("distributed_markers", ctx.callee(node)):
+            ctx.distributed = True
+        self._dispatch(node, handlers)
+        self.children(node)
+        if (isinstance(ctx.stmt, ast.Expr) and ctx.stmt.value is node
+                and ctx.match("process_exits", ctx.callee(node))):
+            self.leave_scope(node, loop=False)
+
+    def _name(self, node: ast.Name, handlers) -> None:
+        if node.id in self.ctx.function_names and id(node) not in self.callee_ids:
+            self.value_refs.add(node.id)
+        self._dispatch(node, handlers)
+
+    def _attribute(self, node: ast.Attribute, handlers) -> None:
+        if node.attr in self.ctx.function_names and id(node) not in self.callee_ids:
+            self.value_refs.add(node.attr)
+        self._dispatch(node, handlers)
+        self.visit(node.value)
+
+    # --- who enters each function ---------------------------------------------------------
+
+    def resolve_entries(self) -> dict[ast.AST, frozenset[State]]:
+        """The states each function of the file can be entered in (a small fixpoint)."""
+        outside: dict[ast.AST, list[Site]] = {}
+        entries: dict[ast.AST, set[State]] = {}
+        for func in self.ctx.functions:
+            sites = [site for site in self.call_sites.get(func.name, ())
+                     if site.function is not func]
+            outside[func] = sites
+            open_entry = not sites or func.name in self.value_refs
+            entries[func] = {EVERY} if open_entry else set()
+        for _ in range(20):
+            changed = False
+            for func, sites in outside.items():
+                new = set(entries[func])
+                for site in sites:
+                    callers = entries.get(site.function, {EVERY}) if site.function else {EVERY}
+                    new.update(compose(entry, site.state) for entry in callers)
+                if new != entries[func]:
+                    entries[func], changed = new, True
+            if not changed:
+                break
+        return {func: frozenset(states or {EVERY}) for func, states in entries.items()}
+
+
+def _collect(tree: ast.Module) -> tuple[list[ast.AST], list[ast.AST], ImportMap]:
+    """The file's assignments, function definitions and import table.
+
+    Only statements are visited (assignments, definitions and imports are statements, and
+    statements only nest in statement blocks), which is several times cheaper than ``ast.walk``.
+    """
+    assigns: list[ast.AST] = []
+    functions: list[ast.AST] = []
+    imports: list[ast.stmt] = []
+    pending: list[ast.stmt] = list(tree.body)
+    while pending:
+        node = pending.pop()
+        kind = type(node)
+        if kind is ast.Assign or kind is ast.AnnAssign:
+            assigns.append(node)
+            continue
+        if kind is ast.Import or kind is ast.ImportFrom:
+            imports.append(node)
+            continue
+        if kind is ast.FunctionDef or kind is ast.AsyncFunctionDef:
+            functions.append(node)
+        for name in _BLOCKS:
+            block = getattr(node, name, None)
+            if block:
+                pending.extend(block)
+    assigns.sort(key=_position)
+    functions.sort(key=_position)
+    imports.sort(key=_position)
+    table = ImportMap.from_ast(ast.Module(body=imports, type_ignores=[]))
+    return assigns, functions, table
+
+
+def _position(node: ast.AST) -> tuple[int, int]:
+    return node.lineno, node.col_offset
+
+
+def _module_names(tree: ast.Module) -> set[str]:
+    """Names bound by module-level statements (not inside functions or classes)."""
+    names: set[str] = set()
+    pending = list(tree.body)
+    while pending:
+        stmt = pending.pop()
+        if isinstance(stmt, (*_FUNCTIONS, ast.ClassDef)):
+            names.add(stmt.name)
+            continue
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+    return names
+
+
+def _params(function: ast.AST | None) -> set[str]:
+    if function is None:
+        return set()
+    args = function.args
+    every = [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]
+    return {arg.arg for arg in every if arg is not None}
+
+
+def _roots(expr: ast.expr) -> set[str]:
+    return {node.id for node in ast.walk(expr) if isinstance(node, ast.Name)}
+
+
+def lint_source(source: bytes, path: str, options: LintOptions) -> FileResult:
+    """Check one file's source.
+
+    Args:
+        source: the file's bytes (any PEP 263 encoding).
+        path: how findings name the file.
+        options: the rule packs, rules and scope.
+
+    Returns:
+        Its findings (unsorted), a parse error as a ``DST000`` finding, or why it was skipped.
+    """
+    try:
+        tree = ast.parse(source, filename=path)
+    except (SyntaxError, ValueError) as err:
+        return FileResult(path, (_parse_error(path, err),))
+    if not options.check_all and not _MAYBE_DISTRIBUTED.search(source):
+        imports = _collect(tree)[2]
+        names = imports.modules | set(imports.aliases.values())
+        if not any(options.matcher.match("distributed_markers", name) for name in names):
+            return FileResult(path, skipped="not distributed")
+    ctx = FileContext(path, source, tree, options)
+    findings = ctx.run([REGISTRY[code] for code in options.codes])
+    if not ctx.distributed and not options.check_all:
+        return FileResult(path, skipped="not distributed")
+    return FileResult(path, tuple(findings))
+
+
+def _parse_error(path: str, err: Exception) -> Finding:
+    if isinstance(err, SyntaxError):
+        line, col = err.lineno or 1, err.offset or 1
+        message = f"cannot parse: {err.msg}"
+    else:
+        line, col, message = 1, 1, f"cannot parse: {err}"
+    return Finding(path, line, col, line, col, PARSE_ERROR, message)

@@ -1,0 +1,124 @@
+"""Applying ``--fix``: LibCST rewrites that keep every untouched byte as it was.
+
+The analysis runs on the stdlib ``ast``; only files with fixable findings are parsed again with
+LibCST here, and ``PositionProvider`` (the one metadata we need) finds the statements and calls
+the fixes name by their line and column. Adjacent statements wrapped with the same guard share
+one ``if``; a fix inside a statement that another fix already wraps is dropped; the runtime
+import is added with LibCST's ``AddImportsVisitor`` only when a guard uses it.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Sequence
+
+import libcst as cst
+from libcst.codemod import CodemodContext
+from libcst.codemod.visitors import AddImportsVisitor
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+from distify.lint.model import Fix
+
+
+def apply_fixes(text: str, fixes: Sequence[Fix]) -> str:
+    """The source ``text`` with ``fixes`` applied (unchanged if none applies).
+
+    Args:
+        text: the file's source.
+        fixes: fixes of findings in that source, as the checks produced them.
+    """
+    if not fixes:
+        return text
+    wrapper = MetadataWrapper(cst.parse_module(text), unsafe_skip_copy=True)
+    fixer = _Fixer(fixes, wrapper.resolve(PositionProvider))
+    module = wrapper.module.visit(fixer)
+    if fixer.imports:
+        context = CodemodContext()
+        for alias in sorted(fixer.imports):
+            AddImportsVisitor.add_needed_import(context, "distify.runtime", asname=alias)
+        module = AddImportsVisitor(context).transform_module(module)
+    return module.code
+
+
+def unified_diff(path: str, before: str, after: str) -> str:
+    """A ``git diff``-style patch from ``before`` to ``after`` ('' when equal)."""
+    return "".join(difflib.unified_diff(before.splitlines(keepends=True),
+                                        after.splitlines(keepends=True),
+                                        fromfile=f"a/{path}", tofile=f"b/{path}"))
+
+
+class _Fixer(cst.CSTTransformer):
+    def __init__(self, fixes: Sequence[Fix], positions) -> None:
+        super().__init__()
+        self.positions = positions
+        self.guards = {(fix.line, fix.col): fix for fix in fixes if fix.kind == "guard"}
+        self.calls = {(fix.line, fix.col): fix for fix in fixes if fix.kind == "backward"}
+        self.imports: set[str] = set()
+        self._open: list[cst.CSTNode] = []  # target statements being visited
+        self._skip: set[int] = set()  # targets inside another target
+
+    def _where(self, node: cst.CSTNode) -> tuple[int, int] | None:
+        position = self.positions.get(node)
+        return (position.start.line, position.start.column) if position else None
+
+    def _guard(self, node: cst.CSTNode) -> Fix | None:
+        if isinstance(node, (cst.SimpleStatementLine, cst.With)) and id(node) not in self._skip:
+            return self.guards.get(self._where(node))
+        return None
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if self._guard(node) is not None:
+            if self._open:
+                self._skip.add(id(node))
+            else:
+                self._open.append(node)
+        return super().on_visit(node)
+
+    def on_leave(self, original_node, updated_node):
+        if self._open and self._open[-1] is original_node:
+            self._open.pop()
+        return super().on_leave(original_node, updated_node)
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        fix = self.calls.get(self._where(original_node))
+        func = updated_node.func
+        if fix is None or not isinstance(func, cst.Attribute):
+            return updated_node
+        loss = func.value.with_changes(lpar=[], rpar=[])
+        return updated_node.with_changes(func=cst.parse_expression(f"{fix.receiver}.backward"),
+                                         args=[cst.Arg(loss), *updated_node.args])
+
+    def leave_IndentedBlock(self, original_node, updated_node):
+        return updated_node.with_changes(body=self._wrap(original_node.body, updated_node.body))
+
+    def leave_Module(self, original_node, updated_node):
+        return updated_node.with_changes(body=self._wrap(original_node.body, updated_node.body))
+
+    def _wrap(self, originals, updated) -> list:
+        out: list = []
+        group: list = []
+        guard = None
+        for original, new in zip(originals, updated):
+            fix = self._guard(original)
+            if fix is not None and fix.guard == guard:
+                group.append(new)
+                continue
+            if group:
+                out.append(_if(guard, group))
+                group, guard = [], None
+            if fix is None:
+                out.append(new)
+            else:
+                group, guard = [new], fix.guard
+                if fix.import_runtime:
+                    self.imports.add(fix.import_runtime)
+        if group:
+            out.append(_if(guard, group))
+        return out
+
+
+def _if(guard: str, stmts: list) -> cst.If:
+    first = stmts[0]
+    body = [first.with_changes(leading_lines=()), *stmts[1:]]
+    return cst.If(test=cst.parse_expression(guard), body=cst.IndentedBlock(body=body),
+                  leading_lines=first.leading_lines)

@@ -1,0 +1,96 @@
+"""Checking many files: in parallel worker processes, then fixing the fixable ones."""
+
+from __future__ import annotations
+
+import io
+import multiprocessing
+import os
+import sys
+import tokenize
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+from distify.fsutil import atomic_write_bytes
+from distify.lint.engine import LintOptions, lint_source
+from distify.lint.model import PARSE_ERROR, FileResult, Finding
+
+#: Below this many files one process is faster than starting workers.
+PARALLEL_MIN_FILES = 16
+_OPTIONS: LintOptions | None = None
+
+
+def check_file(path: str, options: LintOptions) -> FileResult:
+    """Read, pre-filter and check one file; an unreadable file is a ``DST000`` finding."""
+    try:
+        with open(path, "rb") as handle:
+            source = handle.read()
+    except OSError as err:
+        message = f"cannot read: {err.strerror or err}"
+        return FileResult(path, (Finding(path, 1, 1, 1, 1, PARSE_ERROR, message),))
+    if options.prefilter is not None and not options.prefilter.search(source):
+        return FileResult(path, skipped="no torch")
+    return lint_source(source, path, options)
+
+
+def check_files(paths: Sequence[str], options: LintOptions, jobs: int = 0) -> list[FileResult]:
+    """Check ``paths``; ``jobs`` worker processes (0: one per CPU when there are many files)."""
+    if jobs <= 0:
+        jobs = (os.cpu_count() or 1) if len(paths) >= PARALLEL_MIN_FILES else 1
+    jobs = min(jobs, len(paths)) if paths else 1
+    if jobs == 1:
+        return [check_file(path, options) for path in paths]
+    chunk = max(1, len(paths) // (jobs * 4))
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=_context(), initializer=_init,
+                             initargs=(options,)) as pool:
+        return list(pool.map(_check, paths, chunksize=chunk))
+
+
+def _context():
+    # fork starts workers in milliseconds with everything already imported; macOS and
+    # Windows lack a safe fork, so they get the platform default.
+    if sys.platform.startswith("linux"):
+        return multiprocessing.get_context("fork")
+    return multiprocessing.get_context()
+
+
+def _init(options: LintOptions) -> None:
+    global _OPTIONS
+    _OPTIONS = options
+
+
+def _check(path: str) -> FileResult:
+    return check_file(path, _OPTIONS)
+
+
+@dataclass(frozen=True)
+class FixOutcome:
+    """A fixed file: its new result, and its diff (for ``--diff``)."""
+
+    result: FileResult
+    diff: str
+    fixed: int
+
+
+def fix_file(result: FileResult, options: LintOptions, *, write: bool) -> FixOutcome:
+    """Apply the fixes of ``result``'s findings; write the file (atomically) if ``write``.
+
+    The fixed source is checked again, so what remains is exactly what the file still has.
+    """
+    from distify.lint.fixer import apply_fixes, unified_diff  # LibCST only when fixing
+
+    with open(result.path, "rb") as handle:
+        source = handle.read()
+    encoding, _ = tokenize.detect_encoding(io.BytesIO(source).readline)
+    before = source.decode(encoding)
+    fixes = [finding.fix for finding in result.findings if finding.fix is not None]
+    after = apply_fixes(before, fixes)
+    if after == before:
+        return FixOutcome(result, "", 0)
+    new = lint_source(after.encode(encoding), result.path, options)
+    if any(finding.code == PARSE_ERROR for finding in new.findings):
+        raise RuntimeError(f"{result.path}: the fixed source does not parse")
+    if write:
+        atomic_write_bytes(result.path, after.encode(encoding))
+    fixed = len(result.findings) - len(new.findings)
+    return FixOutcome(new, unified_diff(result.path, before, after), max(fixed, 0))
