@@ -33,7 +33,7 @@ class _Main(click.Group):
         except KeyboardInterrupt:
             click.echo("distify: interrupted", err=True)
             ctx.exit(130)
-        except Exception as err:  # noqa: BLE001 - last line of defence for the user
+        except Exception as err:
             if os.environ.get("DISTIFY_DEBUG"):
                 raise
             click.echo(

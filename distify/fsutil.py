@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from pathlib import Path
@@ -42,10 +43,8 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         os.chmod(tmp, mode)
         os.replace(tmp, target)
     except BaseException as err:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         if isinstance(err, OSError):
             raise UserError(f"cannot write: {err.strerror}", path=str(target)) from None
         raise

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import yaml
 
@@ -90,7 +91,7 @@ class RuleSet:
         return tuple(entry.pattern for entry in self.entries.get(category, ()))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _compile(pattern: str) -> re.Pattern[str]:
     parts = []
     for piece in re.split(r"(\*\*|\*)", pattern):

@@ -640,7 +640,7 @@ def ran(tmp_path_factory) -> dict[str, dict[str, list]]:
 
     folder = tmp_path_factory.mktemp("runs")
     paths = []
-    for i, (name, src) in enumerate(_RUN_CASES.items()):
+    for i, src in enumerate(_RUN_CASES.values()):
         for kind, data in (("original", src.encode()),
                            ("converted", convert_source(src.encode(), "c.py").output)):
             path = folder / f"case{i}_{kind}.py"

@@ -1,4 +1,4 @@
-"""`distify launch` without running a job: options, config resolution, --dry-run, --slurm, errors."""
+"""`distify launch` without running a job: options, config lookup, --dry-run, --slurm, errors."""
 
 from __future__ import annotations
 

@@ -84,9 +84,7 @@ def gather_facts(tree: ast.Module, source: bytes, rules: RuleSet) -> FileFacts:
         elif isinstance(node, ast.arg):
             facts.names.add(node.arg)
             facts.bound.add(node.arg)
-        elif isinstance(node, ast.ExceptHandler) and node.name:
-            facts.names.add(node.name)
-        elif isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name:
+        elif isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)) and node.name:
             facts.names.add(node.name)
         elif isinstance(node, ast.MatchMapping) and node.rest:
             facts.names.add(node.rest)
@@ -113,9 +111,9 @@ def _marker(node: ast.AST, imports: ImportMap, rules: RuleSet) -> tuple[int, str
         qualname = imports.ast_qualname(node)
         if qualname and rules.match("distributed_markers", qualname):
             return node.lineno, f"uses {qualname}"
-    elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-        if node.value in ("--local_rank", "--local-rank") or node.value in _RANK_ENV:
-            return node.lineno, f"reads {node.value!r}"
+    elif (isinstance(node, ast.Constant) and isinstance(node.value, str)
+          and (node.value in ("--local_rank", "--local-rank") or node.value in _RANK_ENV)):
+        return node.lineno, f"reads {node.value!r}"
     return None
 
 

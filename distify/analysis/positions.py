@@ -7,7 +7,7 @@ a codegen state that notes the current line when one of those nodes starts.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import libcst as cst
 from libcst._nodes.internal import CodegenState

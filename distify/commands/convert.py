@@ -7,8 +7,14 @@ from pathlib import Path
 
 import click
 
-from distify.convert.project import (Planned, STANDALONE_RUNTIME, convert_file, copy_runtime,
-                                     plan_project, write_planned)
+from distify.convert.project import (
+    STANDALONE_RUNTIME,
+    Planned,
+    convert_file,
+    copy_runtime,
+    plan_project,
+    write_planned,
+)
 from distify.convert.report import colour_diff, json_report, text_report, unified_diff
 from distify.errors import UserError
 from distify.lint.config import load_config as load_project_config

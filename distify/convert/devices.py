@@ -1,6 +1,7 @@
 """Rewrites of single-device code: every process uses its own device, ``rt.device()``.
 
-``torch.device("cuda" ...)``, ``"cuda" if ... else "cpu"``, ``torch.accelerator.current_accelerator()``
+``torch.device("cuda" ...)``, ``"cuda" if ... else "cpu"``,
+``torch.accelerator.current_accelerator()``
 → ``rt.device()``; ``x.cuda()`` and ``x.to("cuda:0")`` → ``x.to(rt.device())``; device pinning
 (``torch.cuda.set_device``) is removed, with an ``if`` that held nothing else. ``"cpu"`` stays.
 """

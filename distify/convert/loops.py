@@ -123,7 +123,8 @@ class LoopMixin(TransformerBase):
     def _mark_backward(self, node: cst.CSTNode | None = None) -> None:
         for loop in self._loops:
             loop.has_backward = True
-        if node is not None and self._loops and not any(l.loaderish for l in self._loops):
+        if node is not None and self._loops and not any(
+                loop.loaderish for loop in self._loops):
             self._report_unsharded(node)
 
     def _report_unsharded(self, node: cst.CSTNode) -> None:

@@ -249,7 +249,7 @@ def _is_cpu(node: cst.BaseExpression) -> bool:
 
 
 def _literal_args(call: cst.Call) -> bool:
-    """Are all the call's arguments literals (``torch.device("cpu")``, ``torch.device("cuda", 0)``)?"""
+    """Are all the call's arguments literals (``torch.device("cuda", 0)``)?"""
     return all(isinstance(arg.value, (cst.SimpleString, cst.Integer)) for arg in call.args)
 
 

@@ -156,7 +156,8 @@ def with_overrides(cfg: LaunchConfig, **overrides: object) -> LaunchConfig:
         raise UserError(f"{err} (with the command-line options applied)") from None
 
 
-def default_config(*, mixed_precision: str = "no", num_processes: int | None = None) -> LaunchConfig:
+def default_config(*, mixed_precision: str = "no",
+                   num_processes: int | None = None) -> LaunchConfig:
     """The config for this machine alone: one process per local GPU, or one process without GPUs.
 
     Without GPUs the config does not force the CPU (``use_cpu`` stays false): it is usually

@@ -92,7 +92,7 @@ report("batch_sampler", **evaluate(custom, train_mode=False))
 
 # DDP averages gradients: ranks feed different data, weights stay equal; the scheduler steps once.
 model.train()
-for step in range(3):
+for _ in range(3):
     optimizer.zero_grad()
     x = torch.randn(8, 4) * (RANK + 1)
     distify.backward(model(x).square().mean())

@@ -31,7 +31,7 @@ if args.distify:
     model, optimizer, scheduler, loader = distify.prepare(model, optimizer, scheduler, loader)
 
 losses, lrs, steps_per_epoch = [], [], []
-for epoch in range(args.epochs):
+for _ in range(args.epochs):
     model.train()
     steps = 0
     for x, y in loader:
