@@ -1,0 +1,101 @@
+"""Helpers shared by the benchmarks: timing, medians, the machine's description, markdown."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "benchmarks"
+WORK = BENCH / ".work"
+RESULTS = BENCH / "results"
+
+
+def venv_bin(name: str) -> str:
+    """The console script ``name`` installed beside this interpreter (e.g. ``distify``)."""
+    candidate = Path(sys.executable).parent / name
+    return str(candidate) if candidate.exists() else name
+
+
+def run_timed(cmd: list[str], *, env: dict[str, str] | None = None,
+              cwd: str | Path | None = None) -> float:
+    """Run ``cmd`` to completion (output discarded) and return its wall time in seconds."""
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
+                          cwd=cwd)
+    elapsed = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"benchmark command failed ({proc.returncode}): {' '.join(cmd)}\n"
+                         f"{proc.stderr.decode(errors='replace')}")
+    return elapsed
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def spread(values: list[float]) -> str:
+    """min–max of ``values`` in milliseconds, for the tables."""
+    return f"{min(values) * 1e3:.0f}–{max(values) * 1e3:.0f}"
+
+
+def machine() -> str:
+    """One line describing where the numbers were taken."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    load = ""
+    if hasattr(os, "getloadavg"):
+        load = ", load average at start %.2f" % os.getloadavg()[0]
+    return (f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPU(s) ({cpu}){load}; "
+            f"Python {platform.python_version()}")
+
+
+def versions(*modules: str) -> str:
+    from importlib import metadata
+
+    found = []
+    for name in modules:
+        try:
+            found.append(f"{name} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            found.append(f"{name} (not installed)")
+    return ", ".join(found)
+
+
+def today() -> str:
+    return datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+#: a results file may end with a hand-written analysis from this marker on; re-runs keep it
+KEEP_MARKER = "<!-- hand-written analysis: kept when the benchmark rewrites this file -->"
+
+
+def write_results(path: Path, text: str) -> None:
+    path = path.resolve()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        old = path.read_text(encoding="utf-8")
+        if KEEP_MARKER in old:
+            text = text.rstrip("\n") + "\n\n" + old[old.index(KEEP_MARKER):]
+    path.write_text(text, encoding="utf-8")
+    shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+    print(f"recorded {shown}", file=sys.stderr)
