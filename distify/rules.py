@@ -77,15 +77,22 @@ class RuleSet:
     """The merged rule packs. Look entries up with :meth:`match`."""
 
     entries: Mapping[str, tuple[Entry, ...]]
+    #: (category, qualname) → entry: the same names are looked up thousands of times a file
+    _memo: dict = field(default_factory=dict, compare=False, repr=False)
 
     def match(self, category: str, qualname: str | None) -> Entry | None:
         """The first entry of ``category`` whose pattern matches ``qualname``, else None."""
         if not qualname:
             return None
-        for entry in self.entries.get(category, ()):
-            if _compile(entry.pattern).fullmatch(qualname):
-                return entry
-        return None
+        key = (category, qualname)
+        try:
+            return self._memo[key]
+        except KeyError:
+            pass
+        found = next((entry for entry in self.entries.get(category, ())
+                      if _compile(entry.pattern).fullmatch(qualname)), None)
+        self._memo[key] = found
+        return found
 
     def names(self, category: str) -> tuple[str, ...]:
         return tuple(entry.pattern for entry in self.entries.get(category, ()))

@@ -16,7 +16,8 @@ from distify.rules import RuleSet
 
 # Cheap substring test before walking the tree for distributed markers.
 _MARKER_HINTS = ("distributed", "Distributed", "accelerate", "lightning", "deepspeed", "horovod",
-                 "ray", "spawn", "local_rank", "RANK", "distify", "Process")
+                 "import ray", "from ray", "ray.train", "spawn", "local_rank", "RANK", "distify",
+                 "Process")
 _RANK_ENV = {"RANK", "LOCAL_RANK", "WORLD_SIZE"}
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import libcst as cst
 
@@ -48,6 +50,40 @@ class _Loop:
 
 class TransformerBase(cst.CSTTransformer):
     """Bookkeeping shared by the rewrite mixins; ``rt`` is the runtime's local name."""
+
+    # LibCST looks up ``visit_<Node>`` / ``leave_<Node>`` by name for every node, and
+    # ``visit_<Node>_<field>`` hooks for every field (which we never define). Caching the
+    # lookup per node type and skipping the field hooks takes a third off a conversion.
+    _visit_methods: ClassVar[dict[type, Callable | None]] = {}
+    _leave_methods: ClassVar[dict[type, Callable | None]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._visit_methods, cls._leave_methods = {}, {}
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        kind = type(node)
+        try:
+            method = self._visit_methods[kind]
+        except KeyError:
+            method = self._visit_methods[kind] = getattr(type(self), f"visit_{kind.__name__}",
+                                                         None)
+        return method is None or method(self, node) is not False
+
+    def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):
+        kind = type(original_node)
+        try:
+            method = self._leave_methods[kind]
+        except KeyError:
+            method = self._leave_methods[kind] = getattr(type(self), f"leave_{kind.__name__}",
+                                                         None)
+        return updated_node if method is None else method(self, original_node, updated_node)
+
+    def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
+        return None
+
+    def on_leave_attribute(self, original_node: cst.CSTNode, attribute: str) -> None:
+        return None
 
     def __init__(self, facts: FileFacts, rules: RuleSet, rt: str) -> None:
         super().__init__()

@@ -94,12 +94,12 @@ def _rewrite(path: str, source: bytes, module: cst.Module, transformer: DistifyT
     rt = transformer.rt
     updated = module.visit(transformer)
     if not any(not e.needs_human for e in transformer.edits):
-        notes = _located(updated, transformer.edits)[1]
+        notes = _located(updated, transformer.edits)[2]
         return FileResult(path, source, source, "unchanged", notes=notes,
                           reason="nothing to convert")
     updated = _add_import(updated, original=module, rt=rt, runtime_module=runtime_module)
-    changes, notes = _located(updated, transformer.edits)
-    return FileResult(path, source, updated.bytes, "converted", changes, notes,
+    code, changes, notes = _located(updated, transformer.edits)
+    return FileResult(path, source, code.encode(updated.encoding), "converted", changes, notes,
                       tuple(dict.fromkeys(transformer.batch_sizes)), runtime_name=rt,
                       own_mixed_precision=transformer.own_mixed_precision)
 
@@ -137,15 +137,16 @@ def _parse_cst(source: bytes, path: str) -> cst.Module:
                         col=col) from None
 
 
-def _located(module: cst.Module, edits) -> tuple[tuple[Item, ...], tuple[Item, ...]]:
+def _located(module: cst.Module, edits) -> tuple[str, tuple[Item, ...], tuple[Item, ...]]:
+    """The module's code (generated once) and the changes and notes with their lines."""
     anchors = {id(edit): start_line(edit.node) for edit in edits}
-    _, lines = lines_of(module, anchors.values())
+    code, lines = lines_of(module, anchors.values())
     # an edit whose node is no longer in the output was superseded by an outer rewrite
     items = sorted(
         (Item(lines[id(anchors[id(edit)])], edit.kind, edit.message, edit.needs_human)
          for edit in edits if id(anchors[id(edit)]) in lines),
         key=lambda item: item.line)
-    return (tuple(i for i in items if not i.needs_human),
+    return (code, tuple(i for i in items if not i.needs_human),
             tuple(i for i in items if i.needs_human))
 
 
