@@ -46,6 +46,7 @@ CATEGORIES: dict[str, str] = {
     "grad_scalers": "loss scalers: a script using one manages its own mixed precision",
     "progress_bars": "progress bars shown on the main process only",
     "logging_setup": "logging configuration: other processes log warnings and errors only",
+    "grad_clipping": "gradient clipping; `runtime:` names the replacement (unscales fp16 first)",
     "timestamps": "clock readings that name run folders and must agree across processes",
     "rank_values": "expressions holding this process's rank; compared with 0 they make a guard",
     "rank_env_vars": "environment variables that launchers set to the rank",

@@ -106,6 +106,9 @@ def convert(src: str) -> str:
                  "import distify.runtime as distify\n"
                  "def loaders(ds):\n    return distify.prepare(DL(ds, batch_size=4))\n",
                  id="aliased-loader-in-return"),
+    pytest.param("import torch\nfrom torch import nn\nnn.utils.clip_grad_norm_(ps, 1.0)\n",
+                 "import torch\nfrom torch import nn\nimport distify.runtime as distify\n"
+                 "distify.clip_grad_norm_(ps, 1.0)\n", id="clip-grad-norm"),
     pytest.param("import torch\ndistify = 1\nprint(distify)\n",
                  "import torch\nimport distify.runtime as distify_rt\ndistify = 1\n"
                  "distify_rt.print(distify)\n", id="runtime-name-collision"),

@@ -31,6 +31,14 @@ from distify.convert.syntax import (
 )
 
 
+#: rule category, report kind, why: calls replaced one for one by the runtime's function
+_RUNTIME_REPLACEMENTS = (
+    ("saves", "save", "saved by the main process only, written atomically"),
+    ("loads", "load", "loaded onto this process's device"),
+    ("grad_clipping", "clip", "fp16 gradients are unscaled before clipping"),
+)
+
+
 class SideEffectMixin(TransformerBase):
     def _rewrite_side_effect_call(self, original: cst.Call, updated: cst.Call,
                                   qual: str) -> cst.BaseExpression | None:
@@ -67,13 +75,11 @@ class SideEffectMixin(TransformerBase):
                 return new
             self._edit(updated, "side-effect", f"{qual}(...) writes on every process: guard "
                        f"it with `if {self.rt}.is_main_process():`", human=True)
-        for category, what in (("saves", "saved by the main process only, written atomically"),
-                               ("loads", "loaded onto this process's device")):
+        for category, kind, what in _RUNTIME_REPLACEMENTS:
             entry = rules.match(category, qual)
             if entry is not None and entry.get("runtime"):
                 name = entry.get("runtime")
-                return self._retarget(updated, name, category[:-1],
-                                      f"{qual} → {self.rt}.{name}: {what}")
+                return self._retarget(updated, name, kind, f"{qual} → {self.rt}.{name}: {what}")
         return None
 
     def _rewrite_timestamp_method(self, original: cst.Call,

@@ -61,10 +61,9 @@ def _excluded(path: str, patterns: Sequence[str], root: Path | None) -> bool:
     if not patterns:
         return False
     absolute = Path(path).resolve()
-    try:
-        relative = absolute.relative_to(root.resolve()).as_posix() if root else Path(path).as_posix()
-    except ValueError:
-        relative = Path(path).as_posix()
+    relative = Path(path).as_posix()
+    if root is not None and absolute.is_relative_to(root.resolve()):
+        relative = absolute.relative_to(root.resolve()).as_posix()
     for pattern in patterns:
         folder = pattern.rstrip("/")
         if (fnmatch(relative, pattern) or fnmatch(absolute.name, pattern)

@@ -9,12 +9,13 @@ from distify.lint.rule import Invalid, Valid
 class CollectiveInGuard(CollectiveRule):
     """A collective is called inside a rank guard, so the other ranks never join it: a hang.
 
-    ``dist.barrier()``, ``all_reduce``, ``gather``, ``broadcast``, ``accelerator.wait_for_everyone``,
-    ``gather_for_metrics``, the runtime's ``distify.reduce`` and the other ``collectives`` of
-    ``rules/distributed.yaml`` block until every rank calls them. Called under
-    ``if rank == 0:`` (or its ``else``, or in a ``@rank_zero_only`` function, or in a function
-    only called from such places) the job waits forever. Saves that coordinate internally
-    (``accelerator.save_state``, Lightning's ``trainer.save_checkpoint``) count as collectives.
+    ``dist.barrier()``, ``all_reduce``, ``gather``, ``broadcast``,
+    ``accelerator.wait_for_everyone``, ``gather_for_metrics``, the runtime's ``distify.reduce``
+    and the other ``collectives`` of ``rules/distributed.yaml`` block until every rank calls
+    them. Called under ``if rank == 0:`` (or its ``else``, or in a ``@rank_zero_only`` function,
+    or in a function only called from such places) the job waits forever. Saves that coordinate
+    internally (``accelerator.save_state``, Lightning's ``trainer.save_checkpoint``) count as
+    collectives.
 
     Not reported: the same collective called under both a condition and its complement in one
     function (``if rank == 0: dist.gather(t, out) else: dist.gather(t)``, or the "main process

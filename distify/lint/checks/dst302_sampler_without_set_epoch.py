@@ -86,7 +86,8 @@ class SamplerWithoutSetEpoch(LintRule):
         func = node.func
         if isinstance(func, ast.Attribute) and func.attr == "set_epoch":
             self.receivers.append(ast_dotted_name(func.value) or "<expr>")
-        elif self.ctx.match("distributed_samplers", self.ctx.callee(node)) and not _no_shuffle(node):
+        elif (self.ctx.match("distributed_samplers", self.ctx.callee(node))
+              and not _no_shuffle(node)):
             self.samplers.append((node, self._bound.get(id(node))))
 
     def finish(self) -> None:
