@@ -345,8 +345,9 @@ def render(medians: dict, times: dict, args, lines: int) -> str:
     ])
     return f"""# `distify check` speed
 
-Recorded with `python benchmarks/check_speed.py --files {args.files} --plain {args.plain} --rounds {args.rounds}`
-on {platform.system()} {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}
+Recorded with `python benchmarks/check_speed.py --files {args.files} --plain {args.plain} \
+--rounds {args.rounds}` on {platform.system()} {platform.machine()}, {os.cpu_count()} CPUs,
+Python {platform.python_version()}
 (1-minute load average {args.load[0]:.1f} before and {args.load[1]:.1f} after: other work shares the
 machine, so absolute times vary; the ratios between alternated commands are what to compare).
 

@@ -6,21 +6,42 @@ Every subcommand lives in :mod:`distify.commands`. Nothing here imports torch: `
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 
 import click
 
 from distify import __version__
-from distify.commands.check import check
-from distify.commands.config import config
-from distify.commands.convert import convert
-from distify.commands.launch import launch
 from distify.errors import UserError
+
+#: subcommand → (module defining it, one-line help shown by `distify --help`). Modules are
+#: imported only when their command runs, so `distify --help` does not load LibCST.
+_COMMANDS = {
+    "convert": ("distify.commands.convert",
+                "Rewrite a training script (or a project folder) to run distributed."),
+    "check": ("distify.commands.check", "Lint distributed training code for pitfalls."),
+    "launch": ("distify.commands.launch", "Run a script on N processes or N machines."),
+    "config": ("distify.commands.config", "Write a launch config, interactively or by flags."),
+}
+_SIGPIPE_EXIT = 141  # what a shell reports for a process ended by SIGPIPE
 
 
 class _Main(click.Group):
-    """Renders every error a user can hit as one line on stderr, never a traceback."""
+    """Loads subcommands lazily and renders every error a user can hit as one line on stderr,
+    never a traceback."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(_COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in _COMMANDS:
+            return None
+        return getattr(importlib.import_module(_COMMANDS[name][0]), name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, text) for name, (_, text) in _COMMANDS.items()])
 
     def invoke(self, ctx: click.Context):
         try:
@@ -28,6 +49,10 @@ class _Main(click.Group):
         except UserError as err:
             click.echo(f"distify: error: {err}", err=True)
             ctx.exit(err.exit_code)
+        except BrokenPipeError:  # `distify convert x.py --diff | head`: the reader left
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            ctx.exit(_SIGPIPE_EXIT)
         except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
             raise
         except KeyboardInterrupt:
@@ -64,10 +89,6 @@ def main() -> None:
     """
 
 
-main.add_command(convert)
-main.add_command(check)
-main.add_command(launch)
-main.add_command(config)
 
 
 if __name__ == "__main__":  # pragma: no cover
