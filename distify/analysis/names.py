@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import libcst as cst
+if TYPE_CHECKING:  # `distify check` uses only the ast half: don't make it pay for LibCST
+    import libcst as cst
 
 
 @dataclass
@@ -67,6 +69,8 @@ class ImportMap:
 
 def dotted_name(node: cst.BaseExpression) -> str | None:
     """``a.b.c`` for a chain of LibCST Name/Attribute nodes, else None."""
+    import libcst as cst
+
     parts: list[str] = []
     while isinstance(node, cst.Attribute):
         parts.append(node.attr.value)
