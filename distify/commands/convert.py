@@ -137,7 +137,8 @@ def _report(converted: list[Planned], as_json: bool, config_note: str | None) ->
     if single and converted[0].result.status == "converted":
         hint = f"distify launch {converted[0].target}"
         if not _local_gpus():
-            hint += " --num_processes 2 --cpu   (no GPU here: 2 processes on the CPU)"
+            hint = (f"distify launch --num_processes 2 --cpu {converted[0].target}   "
+                    "(no GPU here: 2 processes on the CPU)")
     if as_json:
         click.echo(json_report(((p.result, str(p.target)) for p in converted), launch_hint=hint))
         return
