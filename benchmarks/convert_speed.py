@@ -34,11 +34,21 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import libcst as cst  # noqa: E402
-
-from _common import (RESULTS, WORK, machine, median, run_timed, spread, table,  # noqa: E402
-                     today, venv_bin, versions, write_results)
-from gen_scripts import generate  # noqa: E402
+import libcst as cst
+from _common import (
+    RESULTS,
+    WORK,
+    machine,
+    median,
+    run_timed,
+    spread,
+    table,
+    today,
+    venv_bin,
+    versions,
+    write_results,
+)
+from gen_scripts import generate
 
 TARGET = 2.5
 FLOOR_CODE = ("import sys, libcst; data = open(sys.argv[1], 'rb').read(); "

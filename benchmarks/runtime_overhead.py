@@ -31,8 +31,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import (RESULTS, ROOT, WORK, machine, median, table, today, venv_bin,  # noqa: E402
-                     versions, write_results)
+from _common import (
+    RESULTS,
+    ROOT,
+    WORK,
+    machine,
+    median,
+    table,
+    today,
+    venv_bin,
+    versions,
+    write_results,
+)
 
 TARGET = 0.05
 SCRIPTS = ROOT / "benchmarks" / "runtime"

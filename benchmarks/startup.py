@@ -24,8 +24,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import (RESULTS, WORK, machine, median, run_timed, spread, table, today,  # noqa: E402
-                     venv_bin, versions, write_results)
+from _common import (
+    RESULTS,
+    WORK,
+    machine,
+    median,
+    run_timed,
+    spread,
+    table,
+    today,
+    venv_bin,
+    versions,
+    write_results,
+)
 
 NO_TORCH = """\
 import sys

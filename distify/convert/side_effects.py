@@ -30,7 +30,6 @@ from distify.convert.syntax import (
     _writes,
 )
 
-
 #: rule category, report kind, why: calls replaced one for one by the runtime's function
 _RUNTIME_REPLACEMENTS = (
     ("saves", "save", "saved by the main process only, written atomically"),
