@@ -1,6 +1,7 @@
 """From a launch config to a torchrun (``python -m torch.distributed.run``) job, and running it.
 
-One machine runs ``--standalone`` (torchrun picks a free rendezvous port itself). Several
+One machine runs ``--standalone`` (torchrun picks a free rendezvous port itself), or, when
+workers may be restarted, a one-machine static rendezvous on a free port. Several
 machines meet either through a static rendezvous (``--nnodes/--node-rank/--master-addr/
 --master-port``: each machine knows its rank) or through c10d (``--rdzv-backend c10d
 --rdzv-endpoint``: ranks are handed out as machines join). Settings the runtime reads travel in
@@ -15,6 +16,7 @@ from __future__ import annotations
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -44,7 +46,14 @@ def torchrun_args(cfg: LaunchConfig) -> list[str]:
         UserError: a job on several machines lacks ``main_process_ip`` or ``main_process_port``.
     """
     args = ["--nproc-per-node", str(cfg.nproc_per_node)]
-    if cfg.num_machines == 1:
+    if cfg.num_machines == 1 and cfg.max_restarts:
+        # torchrun's --standalone rendezvous hands restarted Gloo workers their peers' stale
+        # addresses (torch 2.13: the restart fails to connect); a static rendezvous on one
+        # port restarts cleanly.
+        port = cfg.main_process_port or _free_port()
+        args[:0] = ["--nnodes", "1", "--node-rank", "0", "--master-addr", "127.0.0.1",
+                    "--master-port", str(port)]
+    elif cfg.num_machines == 1:
         args[:0] = ["--standalone"]
     else:
         ip, port = _main_process(cfg)
@@ -57,6 +66,12 @@ def torchrun_args(cfg: LaunchConfig) -> list[str]:
     if cfg.max_restarts:
         args += ["--max-restarts", str(cfg.max_restarts)]
     return args
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def launch_env(cfg: LaunchConfig) -> dict[str, str]:

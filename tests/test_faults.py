@@ -1,0 +1,61 @@
+"""Runtime faults under a real launcher: a crashed rank ends the job, a restarted job resumes.
+
+(A crash during `save` leaving the previous checkpoint intact is tested in test_runtime_unit.)
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import FIXTURES, REPO, clean_env
+
+pytest.importorskip("torch")
+
+RESUMABLE = FIXTURES / "launch" / "resumable.py"
+
+
+def _launch(*args: str, cwd, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "distify", "launch", "--cpu", *args],
+                          cwd=cwd, env=clean_env(PYTHONPATH=str(REPO)), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _final(stdout: str) -> dict:
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    assert len(lines) == 1, stdout
+    return json.loads(lines[0])
+
+
+def test_a_rank_that_crashes_ends_the_whole_job_with_an_error(tmp_path) -> None:
+    # Rank 1 dies at epoch 1 while rank 0 trains on: without a restart budget the launcher
+    # must stop rank 0 (waiting for rank 1 in DDP's all-reduce) and fail, not hang.
+    proc = _launch("--num_processes", "2", str(RESUMABLE), str(tmp_path), "1", cwd=tmp_path,
+                   timeout=120)
+    assert proc.returncode != 0
+    assert "simulated crash of rank 1" in proc.stderr
+    assert not _has_final(proc.stdout)
+
+
+def _has_final(stdout: str) -> bool:
+    return any(line.startswith("{") for line in stdout.splitlines())
+
+
+def test_a_restarted_job_resumes_from_the_last_checkpoint(tmp_path) -> None:
+    uninterrupted = tmp_path / "uninterrupted"
+    restarted = tmp_path / "restarted"
+    uninterrupted.mkdir()
+    restarted.mkdir()
+    clean = _launch("--num_processes", "2", str(RESUMABLE), str(uninterrupted), cwd=tmp_path)
+    assert clean.returncode == 0, clean.stderr
+    proc = _launch("--num_processes", "2", "--max_restarts", "1", str(RESUMABLE),
+                   str(restarted), "2", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "resumed at epoch 2" in proc.stdout  # epochs 0 and 1 were checkpointed
+    assert (restarted / "crashed").exists()
+    want, got = _final(clean.stdout), _final(proc.stdout)
+    assert got["weight"] == pytest.approx(want["weight"], rel=1e-6)
+    assert got["bias"] == pytest.approx(want["bias"], rel=1e-6)
