@@ -135,7 +135,7 @@ def test_syntax_error_is_reported_and_other_files_still_checked(project):
     project("train.py", BAD)
     result = run(".")
     assert result.exit_code == 1
-    assert "broken.py:2:7: DST000 cannot parse: invalid syntax" in result.stdout
+    assert "broken.py:2:7: DST000 syntax error: invalid syntax" in result.stdout
     assert "train.py:7:1: DST101" in result.stdout
     assert "1 file could not be parsed" in result.stderr
 

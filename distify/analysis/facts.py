@@ -8,6 +8,7 @@ classes are models, and which names are taken (so the runtime's import collides 
 from __future__ import annotations
 
 import ast
+import warnings
 from dataclasses import dataclass, field
 
 from distify.analysis.names import ImportMap
@@ -39,7 +40,9 @@ class FileFacts:
 def parse_ast(source: bytes, path: str) -> ast.Module:
     """Parse with ``ast``; a syntax error becomes a one-line :class:`UserError` with position."""
     try:
-        return ast.parse(source, filename=path)
+        with warnings.catch_warnings():  # the script's own warnings (invalid escapes, ...)
+            warnings.simplefilter("ignore")  # are its author's business, not the report's
+            return ast.parse(source, filename=path)
     except SyntaxError as err:
         if err.lineno is None and b"\0" in source:  # no position from the parser: find it
             line = source[:source.index(b"\0")].count(b"\n") + 1

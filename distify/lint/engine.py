@@ -25,7 +25,9 @@ import tokenize
 from collections import Counter
 from dataclasses import dataclass, field
 
+from distify.analysis.facts import parse_ast
 from distify.analysis.names import ImportMap, ast_dotted_name
+from distify.errors import UserError
 from distify.lint.guards import ALL, MAIN, GuardFacts, Reach, complement, meet
 from distify.lint.matcher import Matcher
 from distify.lint.model import PARSE_ERROR, FileResult, Finding, Fix
@@ -668,8 +670,8 @@ def lint_source(source: bytes, path: str, options: LintOptions) -> FileResult:
         Its findings (unsorted), a parse error as a ``DST000`` finding, or why it was skipped.
     """
     try:
-        tree = ast.parse(source, filename=path)
-    except (SyntaxError, ValueError) as err:
+        tree = parse_ast(source, path)
+    except UserError as err:  # the same one-line message and position `convert` gives
         return FileResult(path, (_parse_error(path, err),))
     if not options.check_all and not _MAYBE_DISTRIBUTED.search(source):
         imports = _collect(tree)[2]
@@ -683,10 +685,6 @@ def lint_source(source: bytes, path: str, options: LintOptions) -> FileResult:
     return FileResult(path, tuple(findings))
 
 
-def _parse_error(path: str, err: Exception) -> Finding:
-    if isinstance(err, SyntaxError):
-        line, col = err.lineno or 1, err.offset or 1
-        message = f"cannot parse: {err.msg}"
-    else:
-        line, col, message = 1, 1, f"cannot parse: {err}"
-    return Finding(path, line, col, line, col, PARSE_ERROR, message)
+def _parse_error(path: str, err: UserError) -> Finding:
+    line, col = err.line or 1, err.col or 1
+    return Finding(path, line, col, line, col, PARSE_ERROR, err.message)
