@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -49,3 +50,25 @@ def run_torchrun(script: Path | str, *args: str, nproc: int = 2, cwd: Path | str
     if check:
         assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     return proc
+
+
+def result_line(stdout: str, required: bool = True) -> dict | None:
+    """The JSON of the last ``RESULT {...}`` line a fixture script printed (None if it printed
+    none and ``required`` is false)."""
+    lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines or not required, stdout
+    return json.loads(lines[-1][len("RESULT "):]) if lines else None
+
+
+def flatten(obj, prefix: str = "") -> dict:
+    """A nested checkpoint (dicts, lists, tuples) as ``{"a.0.b": leaf}``, to compare key by key."""
+    if isinstance(obj, dict):
+        items = obj.items()
+    elif isinstance(obj, (list, tuple)):
+        items = enumerate(obj)
+    else:
+        return {prefix.rstrip("."): obj}
+    out: dict = {}
+    for key, value in items:
+        out.update(flatten(value, f"{prefix}{key}."))
+    return out

@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -17,7 +16,15 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tests.helpers import FIXTURES, REPO, clean_env, run_python, run_torchrun  # noqa: E402
+from tests.helpers import (  # noqa: E402
+    FIXTURES,
+    REPO,
+    clean_env,
+    flatten,
+    result_line,
+    run_python,
+    run_torchrun,
+)
 
 CONVERT = FIXTURES / "convert"
 
@@ -46,25 +53,6 @@ def _env() -> dict:
     return clean_env(PYTHONPATH=str(REPO))
 
 
-def _result(stdout: str) -> dict | None:
-    lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
-    return json.loads(lines[-1][len("RESULT "):]) if lines else None
-
-
-def _flat_state(obj, prefix=""):
-    if isinstance(obj, dict):
-        out = {}
-        for key, value in obj.items():
-            out.update(_flat_state(value, f"{prefix}{key}."))
-        return out
-    if isinstance(obj, (list, tuple)):
-        out = {}
-        for index, value in enumerate(obj):
-            out.update(_flat_state(value, f"{prefix}{index}."))
-        return out
-    return {prefix.rstrip("."): obj}
-
-
 @pytest.fixture(scope="module")
 def originals(tmp_path_factory) -> dict[str, tuple[str, dict]]:
     """Each original fixture run once with plain python: its stdout and checkpoint."""
@@ -72,7 +60,7 @@ def originals(tmp_path_factory) -> dict[str, tuple[str, dict]]:
     for name, (_, batch, ckpt) in CASES.items():
         folder = _prepare(tmp_path_factory.mktemp(name), name, "original")
         proc = run_python(folder / "train.py", *_args(name, batch), cwd=folder, env=_env())
-        runs[name] = (proc.stdout, _flat_state(torch.load(folder / ckpt)))
+        runs[name] = (proc.stdout, flatten(torch.load(folder / ckpt)))
     return runs
 
 
@@ -83,7 +71,7 @@ def test_world_size_one_is_exactly_the_original(name, originals, tmp_path) -> No
     proc = run_python(folder / "train.py", *_args(name, batch), cwd=folder, env=_env())
     stdout, state = originals[name]
     assert proc.stdout == stdout
-    converted = _flat_state(torch.load(folder / ckpt))
+    converted = flatten(torch.load(folder / ckpt))
     assert converted.keys() == state.keys()
     for key, value in state.items():
         if isinstance(value, torch.Tensor):
@@ -103,12 +91,13 @@ def test_two_processes_match_the_original(name, originals, tmp_path) -> None:
     # one writer: every line printed once, one checkpoint, no stray temporary files
     assert len(proc.stdout.splitlines()) == len(stdout.splitlines())
     assert sorted(p.name for p in folder.iterdir()) == sorted([ckpt, "train.py"])
-    converted = _flat_state(torch.load(folder / ckpt))
+    converted = flatten(torch.load(folder / ckpt))
     assert converted.keys() == state.keys()
     for key, value in state.items():
         if isinstance(value, torch.Tensor) and value.is_floating_point():
             torch.testing.assert_close(converted[key], value, rtol=1e-3, atol=1e-4)
-    _compare_metrics(name, _result(proc.stdout), _result(stdout), proc.stdout, stdout)
+    _compare_metrics(name, result_line(proc.stdout, required=False),
+                     result_line(stdout, required=False), proc.stdout, stdout)
 
 
 def _compare_metrics(name, got, want, got_text, want_text) -> None:

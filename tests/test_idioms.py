@@ -35,7 +35,15 @@ from click.testing import CliRunner
 
 from distify.cli import main
 from distify.convert.engine import convert_source
-from tests.helpers import FIXTURES, REPO, clean_env, run_python, run_torchrun
+from tests.helpers import (
+    FIXTURES,
+    REPO,
+    clean_env,
+    flatten,
+    result_line,
+    run_python,
+    run_torchrun,
+)
 
 IDIOMS = FIXTURES / "idioms"
 PROJECT = FIXTURES / "project"
@@ -239,30 +247,10 @@ def runs(tmp_path_factory) -> dict[tuple[str, str], Run]:
     return {key: future.result() for key, future in futures.items()}
 
 
-def _result(stdout: str) -> dict:
-    lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
-    assert lines, stdout
-    return json.loads(lines[-1][len("RESULT "):])
-
-
-def _flat(obj, prefix=""):
-    if isinstance(obj, dict):
-        out = {}
-        for key, value in obj.items():
-            out.update(_flat(value, f"{prefix}{key}."))
-        return out
-    if isinstance(obj, (list, tuple)):
-        out = {}
-        for index, value in enumerate(obj):
-            out.update(_flat(value, f"{prefix}{index}."))
-        return out
-    return {prefix.rstrip("."): obj}
-
-
 def _state(path: Path) -> dict:
     import torch
 
-    return _flat(torch.load(path))
+    return flatten(torch.load(path))
 
 
 def _files(folder: Path) -> dict[str, Path]:
@@ -347,7 +335,7 @@ def test_two_processes_match_the_original(name, runs) -> None:
     for relative in CHECKPOINTS[name]:
         _compare_state(name, _state(_checkpoint(two.folder, name, relative)),
                        _state(_checkpoint(original.folder, name, relative)), exact=False)
-    got, want = _result(two.procs[-1].stdout), _result(original.procs[-1].stdout)
+    got, want = result_line(two.procs[-1].stdout), result_line(original.procs[-1].stdout)
     METRICS[name](got, want, two, original)
 
 
