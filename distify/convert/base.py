@@ -61,22 +61,19 @@ class TransformerBase(cst.CSTTransformer):
         super().__init_subclass__(**kwargs)
         cls._visit_methods, cls._leave_methods = {}, {}
 
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        kind = type(node)
+    def _hook(self, cache: dict, prefix: str, kind: type) -> Callable | None:
         try:
-            method = self._visit_methods[kind]
+            return cache[kind]
         except KeyError:
-            method = self._visit_methods[kind] = getattr(type(self), f"visit_{kind.__name__}",
-                                                         None)
+            method = cache[kind] = getattr(type(self), f"{prefix}_{kind.__name__}", None)
+            return method
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        method = self._hook(self._visit_methods, "visit", type(node))
         return method is None or method(self, node) is not False
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):
-        kind = type(original_node)
-        try:
-            method = self._leave_methods[kind]
-        except KeyError:
-            method = self._leave_methods[kind] = getattr(type(self), f"leave_{kind.__name__}",
-                                                         None)
+        method = self._hook(self._leave_methods, "leave", type(original_node))
         return updated_node if method is None else method(self, original_node, updated_node)
 
     def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
