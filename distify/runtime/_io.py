@@ -36,6 +36,10 @@ def save(obj: Any, f: PathOrFile, **kwargs: Any) -> None:
     over the target, so a crash or an error mid-write leaves the previous file intact and no
     temporary file behind.
 
+    Call it on every process, as converted scripts do: a later :func:`load` of the same path
+    waits at a barrier until the main process has written it, so a ``save`` hidden behind
+    ``if rank == 0:`` followed by a ``load`` would leave that barrier to rank 0 alone.
+
     Args:
         obj: what to save (a state dict, a whole model, ...).
         f: a path, or an open binary file (written directly).
