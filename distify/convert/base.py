@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -69,6 +70,9 @@ class TransformerBase(cst.CSTTransformer):
             return method
 
     def on_visit(self, node: cst.CSTNode) -> bool:
+        top = self._top_level.get(id(node))
+        if top is not None:
+            self._current_top = top
         method = self._hook(self._visit_methods, "visit", type(node))
         return method is None or method(self, node) is not False
 
@@ -88,6 +92,11 @@ class TransformerBase(cst.CSTTransformer):
         self.rules = rules
         self.rt = rt
         self.edits: list[Edit] = []
+        #: index of the first top-level statement that runs at import time and uses the
+        #: runtime (where its import must already be done); len(body) when there is none
+        self.first_touched = sys.maxsize
+        self._top_level: dict[int, tuple[int, bool]] = {}
+        self._current_top: tuple[int, bool] = (sys.maxsize, True)
         self.batch_sizes: list[str] = []
         self._scopes: list[_Scope] = [_Scope()]
         self._loops: list[_Loop] = []
@@ -119,6 +128,19 @@ class TransformerBase(cst.CSTTransformer):
 
     def _edit(self, node: cst.CSTNode, kind: str, message: str, human: bool = False) -> None:
         self.edits.append(Edit(node, kind, message, human))
+        if not human:
+            self._touch()
+
+    def _touch(self) -> None:
+        """The top-level statement being visited now uses the runtime when the module is
+        imported (a def or class body runs later): the runtime's import must come first."""
+        index, deferred = self._current_top
+        if not deferred:
+            self.first_touched = min(self.first_touched, index)
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self._top_level = {id(stmt): (index, isinstance(stmt, (cst.FunctionDef, cst.ClassDef)))
+                           for index, stmt in enumerate(node.body)}
 
     @property
     def _scope(self) -> _Scope:

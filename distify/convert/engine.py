@@ -97,7 +97,8 @@ def _rewrite(path: str, source: bytes, module: cst.Module, transformer: DistifyT
         notes = _located(updated, transformer.edits)[2]
         return FileResult(path, source, source, "unchanged", notes=notes,
                           reason="nothing to convert")
-    updated = _add_import(updated, original=module, rt=rt, runtime_module=runtime_module)
+    updated = _add_import(updated, first_touched=transformer.first_touched, rt=rt,
+                          runtime_module=runtime_module)
     code, changes, notes = _located(updated, transformer.edits)
     return FileResult(path, source, code.encode(updated.encoding), "converted", changes, notes,
                       tuple(dict.fromkeys(transformer.batch_sizes)), runtime_name=rt,
@@ -150,7 +151,7 @@ def _located(module: cst.Module, edits) -> tuple[str, tuple[Item, ...], tuple[It
             tuple(i for i in items if i.needs_human))
 
 
-def _add_import(updated: cst.Module, *, original: cst.Module, rt: str,
+def _add_import(updated: cst.Module, *, first_touched: int, rt: str,
                 runtime_module: str) -> cst.Module:
     """Add ``import <runtime_module> as <rt>`` once: after the leading imports, and before the
     first top-level statement the rewrite touched."""
@@ -159,7 +160,7 @@ def _add_import(updated: cst.Module, *, original: cst.Module, rt: str,
         name=cst.parse_expression(runtime_module),
         asname=cst.AsName(cst.Name(alias)) if alias else None)])])
     body = list(updated.body)
-    index = _insertion_index(body, original.body)
+    index = _insertion_index(body, min(first_touched, len(body)))
     line = body[index] if index < len(body) else None
     if isinstance(line, cst.SimpleStatementLine) and _future_count(line):
         # `from __future__ import x; import torch; print(1)`: the import joins that line,
@@ -207,19 +208,9 @@ def dotted_module(node: cst.ImportFrom) -> str:
     return cst.Module([]).code_for_node(node.module) if node.module else ""
 
 
-def _first_touched(body: list, original_body) -> int:
-    """Index of the first top-level statement that runs at import time and was rewritten."""
-    code = cst.Module([]).code_for_node
-    for i, (new, old) in enumerate(zip(body, original_body)):
-        if isinstance(old, (cst.FunctionDef, cst.ClassDef)):
-            continue  # their bodies run later, after every top-level import
-        if code(new) != code(old):
-            return i
-    return len(body)
-
-
-def _insertion_index(body: list, original_body) -> int:
-    first_touched = _first_touched(body, original_body)
+def _insertion_index(body: list, first_touched: int) -> int:
+    """After the leading imports, docstring and future imports, and not after
+    ``first_touched`` (the first top-level statement that uses the runtime on import)."""
     index = 0
     for i, stmt in enumerate(body[:first_touched + 1]):
         if i == first_touched:  # a rewritten line: only a future import on it moves us on

@@ -53,6 +53,7 @@ class DistifyTransformer(PrepareMixin, DeviceMixin, LoopMixin, SideEffectMixin, 
             self._attach_removals(updated)
         if downloads:
             self._download_stmts.add(id(updated))
+            self._touch()
         if len(original.body) > 1 and any(self._is_side_effect_stmt(s) for s in original.body):
             return self._split_line(original, updated)
         guarded = self._guard_side_effect(original, updated)
