@@ -14,6 +14,7 @@ import datetime
 import os
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -251,8 +252,29 @@ def _init_process_group(device: torch.device, rank: int, world_size: int,
         raise DistifyError("WORLD_SIZE > 1 but this PyTorch build has no torch.distributed: "
                            "install a PyTorch build with distributed support")
     backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout)
+    store = _restart_store(timeout)
+    if store is None:
+        dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout)
+    else:
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                                timeout=timeout)
     atexit.register(_leave_process_group)
+
+
+def _restart_store(timeout: datetime.timedelta) -> Any:
+    """Under torchrun's agent store, a key space of this restart attempt's own.
+
+    After ``--max-restarts`` restarts the workers, Gloo can read the peer addresses the
+    previous attempt published in the same store and hang or fail connecting to dead ports
+    (seen with torch 2.13). Prefixing the keys with the attempt number keeps each attempt's
+    rendezvous apart. Without the agent store (plain env:// init) nothing changes.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                          is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"/distify/attempt_{attempt}/", store)
 
 
 def _leave_process_group() -> None:
