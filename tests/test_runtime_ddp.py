@@ -48,6 +48,15 @@ def test_shuffled_loader_evaluated_has_exact_shards(run):
         assert record["batches"] == record["len"] == 6
 
 
+def test_loader_with_worker_processes_is_sharded_exactly(run):
+    _, results = run
+    for record in _both(results, "eval_workers"):
+        assert record["correct"] == record["reference"]
+        assert record["seen"] == SAMPLES
+        assert sorted(record["ids"]) == list(range(SAMPLES))
+        assert record["batches"] == record["len"] == 6
+
+
 def test_padded_train_mode_gather_for_metrics_is_exact(run):
     _, results = run
     for record in _both(results, "train_mode_training"):

@@ -83,6 +83,9 @@ report("eval", reference=reference_correct, **evaluate(eval_loader, train_mode=F
 # A shuffled loader evaluated with the model in eval mode: exact shards, nothing repeated.
 shuffled = distify.prepare(DataLoader(dataset, batch_size=25, shuffle=True))
 report("eval_shuffled", **evaluate(shuffled, train_mode=False))
+# Worker processes load the batches of this rank's shard (the sampler runs in the main process).
+workers = distify.prepare(DataLoader(dataset, batch_size=25, shuffle=True, num_workers=2))
+report("eval_workers", reference=reference_correct, **evaluate(workers, train_mode=False))
 # TRAIN mode because the model trains with gradients on.
 report("train_mode_training", **evaluate(eval_loader, train_mode=True))
 # A custom batch_sampler: whole batches go round-robin.
