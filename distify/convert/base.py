@@ -102,7 +102,6 @@ class TransformerBase(cst.CSTTransformer):
         self._loops: list[_Loop] = []
         self._no_grad_depth = 0
         self._classes: list[bool] = []  # True for a model class body
-        self._pending_after: list[list[cst.BaseStatement]] = []
         self._pending_models: list[list[str]] = []
         self._unsharded_loop_reported = False
         self._removed: list[str] = []

@@ -58,9 +58,9 @@ class PrepareMixin(TransformerBase):
             return wrapped
         return None
 
-    def _prepare_models(self, stmt: cst.SimpleStatementLine, models: list[str],
-                        after: list[cst.BaseStatement]):
-        """Prepare ``models`` together with the optimizer built in ``stmt``."""
+    def _prepare_models(self, stmt: cst.SimpleStatementLine,
+                        models: list[str]) -> list[cst.SimpleStatementLine]:
+        """``stmt`` (which builds an optimizer) with ``models`` prepared beside it, in order."""
         target = _single_target(stmt)
         value = _assigned_value(stmt)
         exprs = [cst.parse_expression(m) for m in models]
@@ -77,7 +77,7 @@ class PrepareMixin(TransformerBase):
             self._edit(line, "prepare-model",
                        f"{_join(models)} and its optimizer prepared: model moved to the "
                        "device and wrapped in DDP when running on several processes")
-            return stmt, [line, *after]
+            return [stmt, line]
         before = []
         for model, expr in zip(models, exprs):
             line = cst.SimpleStatementLine(body=[cst.Assign(
@@ -86,8 +86,8 @@ class PrepareMixin(TransformerBase):
                        "wrapped in DDP when running on several processes")
             before.append(line)
         if len(stmt.body) > 1:  # `m = Net(); opt = SGD(m.parameters())`: m exists only after
-            return stmt, [*before, *after]
-        return cst.FlattenSentinel([*before, stmt, *after]), []
+            return [stmt, *before]
+        return [*before, stmt]
 
     def _plain_call(self, call: cst.Call, qual: str) -> cst.BaseExpression | None:
         """``data_parallel(module, inputs, ...)`` → ``module(inputs)``: DDP replaces it.

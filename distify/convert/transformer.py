@@ -11,7 +11,13 @@ What it rewrites (each rewrite is recorded as a :class:`Edit` for the report):
 - ``X.backward(...)`` → ``rt.backward(X, ...)``; ``print`` → ``rt.print``; ``torch.save`` /
   ``torch.load`` → ``rt.save`` / ``rt.load``;
 - sums accumulated in an evaluation loop over a DataLoader (``correct += ...`` in a loop under
-  ``torch.no_grad()`` or after ``model.eval()``) → ``x = rt.reduce(x)`` after the loop.
+  ``torch.no_grad()`` or after ``model.eval()``) → ``x = rt.reduce(x)`` after the loop;
+- and the idioms real scripts use: gradient accumulation, DataParallel, file writes, trackers,
+  progress bars, logging, dataset downloads, run timestamps, gradient clipping.
+
+Each family lives in its own mixin: :mod:`.prepare`, :mod:`.devices`, :mod:`.loops` and
+:mod:`.side_effects` (their docstrings list their rewrites); :mod:`.base` holds the shared
+state, :mod:`.syntax` the node helpers.
 
 What it deliberately does not do: it never guesses. A training loop fed without a DataLoader,
 a data-dependent ``break`` in a training loop, a custom sampler, predictions collected into
@@ -38,13 +44,11 @@ class DistifyTransformer(PrepareMixin, DeviceMixin, LoopMixin, SideEffectMixin, 
 
     # ---------------------------------------------------------------- statements
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
-        self._pending_after.append([])
         self._pending_models.append([])
         self._downloads.append(False)
 
     def leave_SimpleStatementLine(self, original: cst.SimpleStatementLine,
                                   updated: cst.SimpleStatementLine):
-        after = self._pending_after.pop()
         models = self._pending_models.pop()
         downloads = self._downloads.pop()
         if not updated.body:
@@ -60,12 +64,8 @@ class DistifyTransformer(PrepareMixin, DeviceMixin, LoopMixin, SideEffectMixin, 
         if guarded is not None:
             return guarded
         if models:
-            updated, after = self._prepare_models(updated, models, after)
-            if isinstance(updated, cst.FlattenSentinel):
-                return updated
-        if not after:
-            return updated
-        return cst.FlattenSentinel([updated, *after])
+            return cst.FlattenSentinel(self._prepare_models(updated, models))
+        return updated
 
     def _split_line(self, original: cst.SimpleStatementLine,
                     updated: cst.SimpleStatementLine) -> cst.FlattenSentinel:
