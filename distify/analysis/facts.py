@@ -35,6 +35,8 @@ class FileFacts:
     bound: set[str] = field(default_factory=set)
     #: the file builds DataLoaders (so a function parameter iterated in a loop may be one)
     builds_loaders: bool = False
+    #: the longest line, in characters: the file's own line-length habit
+    longest_line: int = 0
 
 
 def parse_ast(source: bytes, path: str) -> ast.Module:
@@ -99,6 +101,8 @@ def gather_facts(tree: ast.Module, source: bytes, rules: RuleSet) -> FileFacts:
     facts.names.update(facts.imports.aliases)
     facts.bound.update(facts.imports.aliases)
     facts.model_classes = _model_classes(classes, facts.imports, rules)
+    facts.longest_line = max((len(line) for line in
+                              source.decode("utf-8", errors="replace").splitlines()), default=0)
     facts.builds_loaders = any(name.rsplit(".", 1)[-1].encode() in source
                                for name in rules.names("dataloaders"))
     return facts

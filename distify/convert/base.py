@@ -49,6 +49,23 @@ class _Loop:
     targets: set[str] = field(default_factory=set)
 
 
+class NodeSet:
+    """Nodes marked by identity. It holds on to them, so that a node the rewrite dropped cannot
+    free its ``id`` for an unrelated node to be mistaken for it."""
+
+    def __init__(self) -> None:
+        self._nodes: dict[int, cst.CSTNode] = {}
+
+    def add(self, node: cst.CSTNode) -> None:
+        self._nodes[id(node)] = node
+
+    def __contains__(self, node: object) -> bool:
+        return self._nodes.get(id(node)) is node
+
+    def __bool__(self) -> bool:
+        return bool(self._nodes)
+
+
 class TransformerBase(cst.CSTTransformer):
     """Bookkeeping shared by the rewrite mixins; ``rt`` is the runtime's local name."""
 
@@ -96,6 +113,10 @@ class TransformerBase(cst.CSTTransformer):
         #: runtime (where its import must already be done); len(body) when there is none
         self.first_touched = sys.maxsize
         self._top_level: dict[int, tuple[int, bool]] = {}
+        self._depth = 0  # enclosing indented blocks
+        self._indent_unit = "    "
+        self._statements: list[cst.SimpleStatementLine] = []  # the lines being rewritten
+        self._first_lines: dict[int, int] = {}  # id of a line above → its first line's length
         self._current_top: tuple[int, bool] = (sys.maxsize, True)
         self.batch_sizes: list[str] = []
         self._scopes: list[_Scope] = [_Scope()]
@@ -105,11 +126,11 @@ class TransformerBase(cst.CSTTransformer):
         self._pending_models: list[list[str]] = []
         self._unsharded_loop_reported = False
         self._removed: list[str] = []
-        self._emptied: set[int] = set()
+        self._emptied = NodeSet()
         self._downloads: list[bool] = []
-        self._download_stmts: set[int] = set()
+        self._download_stmts = NodeSet()
         self._main_only_depth = 0
-        self._guards: set[int] = set()  # ids of the `if rt.is_main_process():` we added
+        self._guards = NodeSet()  # the `if rt.is_main_process():` the rewrite added
         self._expr_depth = 0
         self._expr_call: cst.BaseExpression | None = None
         self._leaving: cst.Call | None = None
@@ -137,7 +158,11 @@ class TransformerBase(cst.CSTTransformer):
         if not deferred:
             self.first_touched = min(self.first_touched, index)
 
+    def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
+        self._depth += 1
+
     def visit_Module(self, node: cst.Module) -> None:
+        self._indent_unit = node.default_indent
         self._top_level = {id(stmt): (index, isinstance(stmt, (cst.FunctionDef, cst.ClassDef)))
                            for index, stmt in enumerate(node.body)}
 

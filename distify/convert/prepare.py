@@ -107,22 +107,41 @@ class PrepareMixin(TransformerBase):
         return new
 
     def _wrap_prepare(self, call: cst.Call) -> cst.Call:
+        """``rt.prepare(call)``. When that would push a one-line statement past the file's own
+        line length, the argument goes on the next line, indented, as one would by hand."""
         prefix = f"{self.rt}.prepare("
-        return self._rt_call("prepare", _shift_continuations(call, len(prefix)))
+        if "\n" in _code(call) or not self._too_long(len(prefix) + 1):
+            return self._rt_call("prepare", _shift_continuations(call, len(prefix)))
+        return cst.Call(func=self._rt_attr("prepare"), args=[cst.Arg(call)],
+                        whitespace_before_args=cst.ParenthesizedWhitespace(
+                            indent=True, last_line=cst.SimpleWhitespace(self._indent_unit)))
+
+    def _too_long(self, growth: int) -> bool:
+        """Would the statement being rewritten exceed the file's line length if its first line
+        grew by ``growth`` characters?"""
+        statement = self._statements[-1] if self._statements else None
+        if not isinstance(statement, cst.SimpleStatementLine):  # none, or a one-line suite
+            return False
+        if id(statement) not in self._first_lines:
+            code = _code(statement.with_changes(leading_lines=()))
+            self._first_lines[id(statement)] = len(code.split("\n", 1)[0])
+        width = len(self._indent_unit) * self._depth + self._first_lines[id(statement)]
+        return width + growth > max(self.facts.longest_line, 79)
 
     def _prepare_loader(self, original: cst.Call, updated: cst.Call) -> cst.Call:
         wrapped = self._wrap_prepare(updated)
         message = "DataLoader prepared: each process gets its own shard, reshuffled every epoch"
         self._edit(wrapped, "prepare-dataloader", message)
         positional = [a for a in original.args if a.keyword is None and not a.star]
-        for arg in original.args:
+        inner = wrapped.args[0].value  # the DataLoader call as it is in the output
+        for index, arg in enumerate(original.args):
             keyword = arg.keyword.value if arg.keyword else None
             if keyword == "batch_size" or (len(positional) > 1 and arg is positional[1]):
                 self.batch_sizes.append(_code(arg.value))
             elif arg.star == "**":
                 self.batch_sizes.append(f"{_code(arg.value)}['batch_size']")
             if keyword in ("sampler", "batch_sampler"):
-                self._check_sampler(arg, wrapped)
+                self._check_sampler(arg, inner.args[index])
         return wrapped
 
     def _check_sampler(self, arg: cst.Arg, anchor: cst.CSTNode) -> None:

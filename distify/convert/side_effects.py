@@ -123,7 +123,7 @@ class SideEffectMixin(TransformerBase):
         guard = cst.If(test=self._rt_call("is_main_process"), body=cst.IndentedBlock([inner]),
                        leading_lines=stmt.leading_lines)
         self._edit(inner, "guard", message)
-        self._guards.add(id(guard))
+        self._guards.add(guard)
         return guard
 
     def _merge_guards(self, body: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
@@ -131,11 +131,11 @@ class SideEffectMixin(TransformerBase):
         out: list[cst.BaseStatement] = []
         for stmt in body:
             previous = out[-1] if out else None
-            if (previous is not None and id(stmt) in self._guards and id(previous) in self._guards
+            if (previous is not None and stmt in self._guards and previous in self._guards
                     and not stmt.leading_lines):
                 merged = previous.with_changes(body=previous.body.with_changes(
                     body=[*previous.body.body, *stmt.body.body]))
-                self._guards.add(id(merged))
+                self._guards.add(merged)
                 out[-1] = merged
             else:
                 out.append(stmt)
@@ -164,7 +164,7 @@ class SideEffectMixin(TransformerBase):
         out: list[cst.BaseStatement] = []
         run: list[cst.BaseStatement] = []
         for stmt in [*body, None]:
-            if stmt is not None and id(stmt) in self._download_stmts:
+            if stmt is not None and stmt in self._download_stmts:
                 run.append(stmt)
                 continue
             if run:

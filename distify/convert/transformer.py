@@ -44,11 +44,13 @@ class DistifyTransformer(PrepareMixin, DeviceMixin, LoopMixin, SideEffectMixin, 
 
     # ---------------------------------------------------------------- statements
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+        self._statements.append(node)
         self._pending_models.append([])
         self._downloads.append(False)
 
     def leave_SimpleStatementLine(self, original: cst.SimpleStatementLine,
                                   updated: cst.SimpleStatementLine):
+        self._statements.pop()
         models = self._pending_models.pop()
         downloads = self._downloads.pop()
         if not updated.body:
@@ -56,7 +58,7 @@ class DistifyTransformer(PrepareMixin, DeviceMixin, LoopMixin, SideEffectMixin, 
         if self._removed:
             self._attach_removals(updated)
         if downloads:
-            self._download_stmts.add(id(updated))
+            self._download_stmts.add(updated)
             self._touch()
         if len(original.body) > 1 and any(self._is_side_effect_stmt(s) for s in original.body):
             return self._split_line(original, updated)
@@ -97,7 +99,7 @@ class DistifyTransformer(PrepareMixin, DeviceMixin, LoopMixin, SideEffectMixin, 
             statements = list(result.nodes)
         elif isinstance(result, cst.RemovalSentinel):
             placeholder = cst.SimpleStatementLine([cst.Pass()])
-            self._emptied.add(id(placeholder))
+            self._emptied.add(placeholder)
             statements = [placeholder]
         else:
             statements = [result]
@@ -122,9 +124,10 @@ class DistifyTransformer(PrepareMixin, DeviceMixin, LoopMixin, SideEffectMixin, 
 
     def leave_IndentedBlock(self, original: cst.IndentedBlock,
                             updated: cst.IndentedBlock) -> cst.IndentedBlock:
+        self._depth -= 1
         if not updated.body:
             placeholder = cst.SimpleStatementLine([cst.Pass()])
-            self._emptied.add(id(placeholder))
+            self._emptied.add(placeholder)
             return updated.with_changes(body=[placeholder])
         return updated.with_changes(body=self._tidy_block(updated.body))
 
@@ -144,7 +147,7 @@ class DistifyTransformer(PrepareMixin, DeviceMixin, LoopMixin, SideEffectMixin, 
             loop.step_tests = [updated.test if test is original.test else test
                                for test in loop.step_tests]
         body = updated.body.body
-        if (updated.orelse is None and len(body) == 1 and id(body[0]) in self._emptied):
+        if (updated.orelse is None and len(body) == 1 and body[0] in self._emptied):
             return cst.RemovalSentinel.REMOVE
         return updated
 
