@@ -4,6 +4,7 @@ writer, the prepared model still behaving like the user's model. One launch, man
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -131,3 +132,11 @@ def test_load_after_save_waits_and_trackers_live_on_the_main_process(run):
     assert rank0["tracker_real"] and rank0["tracker_truthy"]
     assert not rank1["tracker_real"] and not rank1["tracker_truthy"]
     assert rank1["tracker_chain"] is True
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="threads are listed from /proc")
+def test_gloo_threads_are_gone_before_interpreter_shutdown(run):
+    # Gloo's worker threads still running while Python shuts down can abort a finished rank
+    # ("terminate called without an active exception"), which fails the whole job.
+    for record in _both(run[1], "threads_at_exit"):
+        assert not [name for name in record["names"] if "gloo" in name], record

@@ -133,6 +133,15 @@ def sync_gradients(sync: bool) -> None:
     _sync_gradients = bool(sync)
 
 
+def _release_ddp() -> None:
+    """At exit: the DDP objects hold the process group, so let them go before it is destroyed."""
+    for model in list(_models):
+        private_state(model).ddp = None
+
+
+_state.before_leaving(_release_ddp)
+
+
 def any_model_training() -> bool:
     """True when some prepared model is in training mode."""
     return any(model.training for model in list(_models))

@@ -11,9 +11,11 @@ from __future__ import annotations
 import atexit
 import contextlib
 import datetime
+import gc
 import os
 import sys
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -43,6 +45,8 @@ class State:
 
 
 _STATE: State | None = None
+# Run before leaving the group at exit, to drop what holds it (the models' DDP objects).
+_before_leaving: list[Callable[[], None]] = []
 
 
 def init(mixed_precision: str | None = None,
@@ -252,6 +256,7 @@ def _init_process_group(device: torch.device, rank: int, world_size: int,
         raise DistifyError("WORLD_SIZE > 1 but this PyTorch build has no torch.distributed: "
                            "install a PyTorch build with distributed support")
     backend = "nccl" if device.type == "cuda" else "gloo"
+    _import_group_default_modules()
     store = _restart_store(timeout)
     if store is None:
         dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout)
@@ -259,6 +264,21 @@ def _init_process_group(device: torch.device, rank: int, world_size: int,
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=timeout)
     atexit.register(_leave_process_group)
+
+
+def _import_group_default_modules() -> None:
+    """Import, before the group exists, the torch modules that take it as a default argument.
+
+    ``torch.distributed.nn.functional`` writes ``group=group.WORLD`` in its signatures, and DDP
+    imports it on first use (through ``torch._dynamo``). Imported after ``init_process_group``,
+    those defaults hold the default group for the life of the interpreter, so
+    ``destroy_process_group`` cannot free it: Gloo's worker threads then run on into interpreter
+    shutdown, where one of them can abort the process ("terminate called without an active
+    exception") after a successful run (seen with torch 2.13 on a loaded machine). Imported
+    first, the defaults are ``None``, which means the same group at call time.
+    """
+    with contextlib.suppress(ImportError):
+        import torch.distributed.nn.functional  # noqa: F401
 
 
 def _restart_store(timeout: datetime.timedelta) -> Any:
@@ -277,12 +297,19 @@ def _restart_store(timeout: datetime.timedelta) -> Any:
     return dist.PrefixStore(f"/distify/attempt_{attempt}/", store)
 
 
+def before_leaving(callback: Callable[[], None]) -> None:
+    """Run ``callback`` at a normal exit, after the ranks meet and before the group goes."""
+    _before_leaving.append(callback)
+
+
 def _leave_process_group() -> None:
-    """At a normal exit, leave the group together with the other ranks.
+    """At a normal exit, leave the group together with the other ranks, and free it.
 
     A rank that closes its Gloo connections while a peer is still connected can make that peer
     abort ("terminate called without an active exception") after a successful run, so the ranks
-    meet first. After an uncaught exception nothing waits: the launcher stops the job.
+    meet first. Then what holds the group lets go of it, so that destroying it joins Gloo's
+    threads now rather than during interpreter shutdown, where they can abort the process too.
+    After an uncaught exception nothing waits: the launcher stops the job.
     """
     if not dist.is_initialized() or hasattr(sys, "last_value"):
         return
@@ -291,4 +318,7 @@ def _leave_process_group() -> None:
         if dist.get_backend() == "gloo":
             # Bounded: a peer that failed or is still working does not hold this exit for long.
             dist.monitored_barrier(timeout=datetime.timedelta(seconds=_EXIT_WAIT_S))
+        for callback in _before_leaving:
+            callback()
         dist.destroy_process_group()
+        gc.collect()

@@ -5,6 +5,7 @@ Every rank appends JSON lines ``{"check": ..., "rank": ..., ...}`` to ``OUT/resu
 main process also prints "hello from rank N" through distify.print.
 """
 
+import atexit
 import copy
 import io
 import json
@@ -15,7 +16,23 @@ import torch
 from torch import nn
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, TensorDataset
 
-import distify.runtime as distify
+
+def report_threads_at_exit():
+    """Registered before distify's own exit handler, so it runs after the group is left."""
+    threads = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as comm:
+                threads.append(comm.read().strip())
+        except OSError:  # the thread ended while we looked
+            pass
+    report("threads_at_exit", names=sorted(threads))
+
+
+if os.path.isdir("/proc/self/task"):
+    atexit.register(report_threads_at_exit)
+
+import distify.runtime as distify  # noqa: E402
 
 OUT = sys.argv[1]
 RANK = distify.rank()
