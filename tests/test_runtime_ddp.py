@@ -134,6 +134,14 @@ def test_load_after_save_waits_and_trackers_live_on_the_main_process(run):
     assert rank1["tracker_chain"] is True
 
 
+def test_saving_on_the_main_process_only_never_waits_for_the_others(run):
+    _, results = run
+    for record in _both(results, "main_process_saves"):
+        assert (record["guarded_step"], record["ranks_after_guarded"]) == (8, 2)
+        assert record["eager_step"] == 9
+    assert results["main_process_saves"][0]["rank0_waited_for_rank1"] is False
+
+
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="threads are listed from /proc")
 def test_gloo_threads_are_gone_before_interpreter_shutdown(run):
     # Gloo's worker threads still running while Python shuts down can abort a finished rank

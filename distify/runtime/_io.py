@@ -8,11 +8,13 @@ import os
 import random
 import shutil
 import tempfile
+import time
 from typing import IO, Any, Callable, TypeVar, Union
 
 import torch
 
 from . import _collectives, _state
+from ._errors import DistifyError
 
 F = TypeVar("F", bound=Callable[..., Any])
 PathOrFile = Union[str, "os.PathLike[str]", IO[bytes]]
@@ -36,47 +38,87 @@ def save(obj: Any, f: PathOrFile, **kwargs: Any) -> None:
     over the target, so a crash or an error mid-write leaves the previous file intact and no
     temporary file behind.
 
-    Call it on every process, as converted scripts do: a later :func:`load` of the same path
-    waits at a barrier until the main process has written it, so a ``save`` hidden behind
-    ``if rank == 0:`` followed by a ``load`` would leave that barrier to rank 0 alone.
+    Converted scripts call it on every process: a later :func:`load` of the same path on
+    another process then waits until the main process has finished writing it. Calling it on
+    the main process only (``if distify.is_main_process(): distify.save(...)``) is safe too:
+    nothing waits for the other processes, and their loads do not wait either.
 
     Args:
         obj: what to save (a state dict, a whole model, ...).
         f: a path, or an open binary file (written directly).
         **kwargs: passed to ``torch.save``.
     """
-    if isinstance(f, (str, os.PathLike)):
-        # Every rank calls save (converted scripts are symmetric); remember it so that a later
-        # load waits until the main process has finished writing the file.
-        _written.add(os.path.abspath(os.fspath(f)))
+    key = _path_key(f)
     if not _state.is_main_process():
+        if key is not None:  # the main process is writing it now: see load()
+            _saves_asked[key] = _saves_asked.get(key, 0) + 1
         return
-    if isinstance(f, (str, os.PathLike)):
-        _atomic_save(obj, os.fspath(f), kwargs)
-    else:
+    if key is None:
         torch.save(obj, f, **kwargs)
+        return
+    _atomic_save(obj, os.fspath(f), kwargs)  # type: ignore[arg-type]
+    store = _state.shared_store()
+    if store is not None:
+        store.add(_STORE_PREFIX + key, 1)
 
 
-#: paths saved in this run that no rank has loaded since (see ``load``)
-_written: set[str] = set()
+#: per path, how many saves this (non-main) process has seen asked of the main process
+_saves_asked: dict[str, int] = {}
+#: per path, how many of those the main process is known to have finished
+_saves_seen: dict[str, int] = {}
+_STORE_PREFIX = "saved/"
 
 
 def load(f: PathOrFile, map_location: Any = None, **kwargs: Any) -> Any:
     """``torch.load`` that puts GPU tensors on this process's device.
+
+    A path that :func:`save` was called for earlier in this run is read only once the main
+    process has finished writing it (no collective: the main process does not wait).
 
     Args:
         f: a path or an open binary file.
         map_location: as for ``torch.load``; by default tensors saved on an accelerator go to
             :func:`distify.device` and tensors saved on the CPU (RNG states, ...) stay there.
         **kwargs: passed to ``torch.load`` (``weights_only``, ``mmap``, ...).
+
+    Raises:
+        DistifyError: the main process did not finish that save within the job's timeout.
     """
-    if isinstance(f, (str, os.PathLike)) and os.path.abspath(os.fspath(f)) in _written:
-        # Saved earlier in this run by the main process: let it finish writing first.
-        _written.discard(os.path.abspath(os.fspath(f)))
-        _collectives.wait_for_everyone()
+    key = _path_key(f)
+    if key is not None and _saves_asked.get(key, 0) > _saves_seen.get(key, 0):
+        _wait_for_main_process_save(key, _saves_asked[key], os.fspath(f))  # type: ignore[arg-type]
     if map_location is None:
         map_location = _to_this_device
     return torch.load(f, map_location=map_location, **kwargs)
+
+
+def _path_key(f: PathOrFile) -> str | None:
+    """The same string on every process for the same path argument; ``None`` for a file."""
+    if isinstance(f, (str, os.PathLike)):
+        return os.path.normpath(os.fspath(f))
+    return None
+
+
+def _wait_for_main_process_save(key: str, count: int, shown: str) -> None:
+    store = _state.shared_store()
+    if store is None:  # no store to ask: meet the main process instead (it loads too)
+        _collectives.wait_for_everyone()
+        _saves_seen[key] = count
+        return
+    timeout = _state.state().timeout.total_seconds()
+    deadline = time.monotonic() + timeout
+    delay = 0.001
+    # add(key, 0) reads the counter atomically (and creates it at 0 if the main process has not
+    # finished any save of this path yet).
+    while store.add(_STORE_PREFIX + key, 0) < count:
+        if time.monotonic() > deadline:
+            raise DistifyError(
+                f"waited {timeout:g} s for the main process to finish saving {shown}: it is "
+                "stuck, failed, or never called distify.save for it (set DISTIFY_TIMEOUT to "
+                "wait longer)")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+    _saves_seen[key] = count
 
 
 def set_seed(seed: int) -> None:

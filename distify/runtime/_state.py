@@ -14,8 +14,8 @@ import datetime
 import gc
 import os
 import sys
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -42,6 +42,8 @@ class State:
     device: torch.device
     mixed_precision: str
     sync_batchnorm: bool
+    #: how long a collective (or a wait on the main process) may take before failing
+    timeout: datetime.timedelta = datetime.timedelta(seconds=_DEFAULT_TIMEOUT_S)
 
 
 _STATE: State | None = None
@@ -80,7 +82,8 @@ def init(mixed_precision: str | None = None,
     device = _pick_device(local_rank, world_size)
     if world_size > 1 and not dist.is_initialized():
         _init_process_group(device, rank, world_size, timeout_delta)
-    _STATE = State(rank, local_rank, world_size, local_world_size, device, precision, sync_bn)
+    _STATE = State(rank, local_rank, world_size, local_world_size, device, precision, sync_bn,
+                   timeout_delta)
 
 
 def state() -> State:
@@ -295,6 +298,25 @@ def _restart_store(timeout: datetime.timedelta) -> Any:
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
                           is_master=False, timeout=timeout)
     return dist.PrefixStore(f"/distify/attempt_{attempt}/", store)
+
+
+def shared_store() -> Any:
+    """The job's key-value store (the default group's), under a ``distify/`` prefix.
+
+    For small handshakes that must not be collectives, such as waiting for the main process to
+    finish a file. ``None`` in a single process, or when torch keeps its store out of reach.
+    """
+    global _SHARED_STORE
+    if _SHARED_STORE is None and state().world_size > 1:
+        try:
+            default = dist.distributed_c10d._get_default_store()
+        except (AttributeError, RuntimeError, ValueError):
+            return None
+        _SHARED_STORE = dist.PrefixStore("distify/", default)
+    return _SHARED_STORE
+
+
+_SHARED_STORE: Any = None
 
 
 def before_leaving(callback: Callable[[], None]) -> None:

@@ -184,6 +184,26 @@ if RANK == 0:
     time.sleep(1.0)
 distify.save({"step": 7, "weight": model.fc.weight.detach()}, checkpoint)
 resumed = distify.load(checkpoint)
+# The Accelerate habit: a save on the main process only, the user's own barrier, then a load
+# everywhere. Nothing in save or load may wait for the other ranks (a barrier there would be
+# met by rank 0 alone); the reduce after it is the next collective on both ranks.
+guarded = os.path.join(OUT, "guarded.pt")
+if distify.is_main_process():
+    distify.save({"step": 8}, guarded)
+distify.wait_for_everyone()
+guarded_step = distify.load(guarded)["step"]
+ranks_after_guarded = distify.reduce(1)
+# Symmetric saves with rank 1 slow: rank 0 writes and reads back without waiting for rank 1.
+late = os.path.join(OUT, "rank1-reached-save")
+if RANK == 1:
+    time.sleep(2.0)
+    open(late, "w").close()
+distify.save({"step": 9}, os.path.join(OUT, "eager.pt"))
+eager_step = distify.load(os.path.join(OUT, "eager.pt"))["step"]
+rank0_waited_for_rank1 = os.path.exists(late) if RANK == 0 else None
+distify.wait_for_everyone()
+report("main_process_saves", guarded_step=guarded_step, ranks_after_guarded=ranks_after_guarded,
+       eager_step=eager_step, rank0_waited_for_rank1=rank0_waited_for_rank1)
 # Trackers built through on_main_process exist on rank 0 only; elsewhere every use is a no-op.
 tracker = distify.on_main_process(dict)(runs=1)
 report("resume_and_trackers", step=resumed["step"],
