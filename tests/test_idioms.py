@@ -91,6 +91,7 @@ REPORTS = {
     "logging_progress": ({"progress", "logging", "timestamp", "guard", "reduce"}, set()),
     "data_kwargs": ({"prepare-dataloader", "prepare-scheduler", "reduce"}, set()),
     "downloads_trackers": ({"download", "guard", "reduce"}, set()),
+    "compiled": ({"prepare-model", "prepare-dataloader", "reduce", "save"}, set()),
 }
 
 
@@ -167,6 +168,7 @@ CASES = {
     "data_kwargs": Case(("--batch-size", "{bs}", "--finetune-batch-size", "{fbs}"),
                         {"bs": 32, "fbs": 16}),
     "project": Case(("--batch-size", "{bs}"), {"bs": 32}),
+    "compiled": Case(("--batch-size", "{bs}"), {"bs": 32}),
 }
 VARIANTS = ("original", "converted", "two")  # plain python, plain python, torchrun × 2
 
@@ -267,6 +269,7 @@ CHECKPOINTS = {
     "logging_progress": ["model_best.pth"],
     "data_kwargs": ["data_kwargs.pt"],
     "project": ["checkpoint.pth"],
+    "compiled": ["compiled.pt", "weights.pt"],
 }
 
 
@@ -445,10 +448,18 @@ def _project(got, want, two, original) -> None:
     assert _lines(two.stdout, "number of params") == _lines(original.stdout, "number of params")
 
 
+def _compiled(got, want, two, original) -> None:
+    # the compiled module trained under DDP: the same evaluation, and `_orig_mod.` keys kept
+    assert got["correct"] == want["correct"]
+    assert got["val_loss"] == pytest.approx(want["val_loss"], rel=1e-3)
+    assert got["keys"] == want["keys"] and all(k.startswith("_orig_mod.") for k in got["keys"])
+    assert _lines(two.stdout, "epoch") == _lines(original.stdout, "epoch")
+
+
 METRICS = {"dataparallel": _dataparallel, "amp_accumulation": _amp_accumulation,
            "wrapper_calls": _wrapper_calls, "checkpoint_resume": _checkpoint_resume,
            "logging_progress": _logging_progress, "data_kwargs": _data_kwargs,
-           "project": _project}
+           "project": _project, "compiled": _compiled}
 
 
 def test_world_size_one_logs_like_the_original(runs) -> None:
