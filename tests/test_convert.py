@@ -115,6 +115,12 @@ def convert(src: str) -> str:
     pytest.param('"""Doc."""\nfrom __future__ import annotations\nimport torch\nprint(1)\n',
                  '"""Doc."""\nfrom __future__ import annotations\nimport torch\n'
                  "import distify.runtime as distify\ndistify.print(1)\n", id="after-future"),
+    pytest.param("import torch\nprint(\"" + "a" * 70 + "\")\n",
+                 "import torch\nimport distify.runtime as distify\ndistify.print(\n    \""
+                 + "a" * 70 + "\")\n", id="long-line-hangs-its-arguments"),
+    pytest.param("import torch\nprint(\"" + "a" * 70 + "\")\n# " + "b" * 85 + "\n",
+                 "import torch\nimport distify.runtime as distify\ndistify.print(\"" + "a" * 70
+                 + "\")\n# " + "b" * 85 + "\n", id="fits-the-files-own-line-length"),
 ])
 def test_single_rewrites(before: str, after: str) -> None:
     assert convert(before) == after

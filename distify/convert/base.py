@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 import libcst as cst
 
 from distify.analysis.facts import FileFacts
-from distify.convert.syntax import _LOOP_WRAPPERS, _NO_GRAD, _callee, _is_zero
+from distify.convert.syntax import _LOOP_WRAPPERS, _NO_GRAD, _callee, _code, _is_zero
 from distify.rules import RuleSet
 
 
@@ -145,6 +145,23 @@ class TransformerBase(cst.CSTTransformer):
 
     def _rt_call(self, name: str, *args: cst.BaseExpression) -> cst.Call:
         return cst.Call(func=self._rt_attr(name), args=[cst.Arg(value=a) for a in args])
+
+    def _too_long(self, growth: int) -> bool:
+        """Would the statement being rewritten exceed the file's line length if its first line
+        grew by ``growth`` characters?"""
+        statement = self._statements[-1] if self._statements else None
+        if not isinstance(statement, cst.SimpleStatementLine):  # none, or a one-line suite
+            return False
+        if id(statement) not in self._first_lines:
+            code = _code(statement.with_changes(leading_lines=()))
+            self._first_lines[id(statement)] = len(code.split("\n", 1)[0])
+        width = len(self._indent_unit) * self._depth + self._first_lines[id(statement)]
+        return width + growth > max(self.facts.longest_line, 79)
+
+    def _hanging(self, call: cst.Call) -> cst.Call:
+        """The call with its arguments on the next line, one indent deeper (hanging indent)."""
+        return call.with_changes(whitespace_before_args=cst.ParenthesizedWhitespace(
+            indent=True, last_line=cst.SimpleWhitespace(self._indent_unit)))
 
     def _edit(self, node: cst.CSTNode, kind: str, message: str, human: bool = False) -> None:
         self.edits.append(Edit(node, kind, message, human))

@@ -112,21 +112,7 @@ class PrepareMixin(TransformerBase):
         prefix = f"{self.rt}.prepare("
         if "\n" in _code(call) or not self._too_long(len(prefix) + 1):
             return self._rt_call("prepare", _shift_continuations(call, len(prefix)))
-        return cst.Call(func=self._rt_attr("prepare"), args=[cst.Arg(call)],
-                        whitespace_before_args=cst.ParenthesizedWhitespace(
-                            indent=True, last_line=cst.SimpleWhitespace(self._indent_unit)))
-
-    def _too_long(self, growth: int) -> bool:
-        """Would the statement being rewritten exceed the file's line length if its first line
-        grew by ``growth`` characters?"""
-        statement = self._statements[-1] if self._statements else None
-        if not isinstance(statement, cst.SimpleStatementLine):  # none, or a one-line suite
-            return False
-        if id(statement) not in self._first_lines:
-            code = _code(statement.with_changes(leading_lines=()))
-            self._first_lines[id(statement)] = len(code.split("\n", 1)[0])
-        width = len(self._indent_unit) * self._depth + self._first_lines[id(statement)]
-        return width + growth > max(self.facts.longest_line, 79)
+        return self._hanging(cst.Call(func=self._rt_attr("prepare"), args=[cst.Arg(call)]))
 
     def _prepare_loader(self, original: cst.Call, updated: cst.Call) -> cst.Call:
         wrapped = self._wrap_prepare(updated)

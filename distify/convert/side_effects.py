@@ -203,10 +203,15 @@ class SideEffectMixin(TransformerBase):
         return new
 
     def _retarget(self, call: cst.Call, name: str, kind: str, message: str) -> cst.Call:
-        """Call ``rt.<name>`` with the same arguments; keep aligned continuation lines aligned."""
+        """Call ``rt.<name>`` with the same arguments; keep aligned continuation lines aligned,
+        and move the arguments of a one-line call to the next line when the longer name would
+        push the line past the file's own line length."""
         func = self._rt_attr(name)
         delta = len(_code(func)) - len(_code(call.func))
-        new = _shift_continuations(call, delta).with_changes(func=func)
+        if call.args and "\n" not in _code(call) and self._too_long(delta):
+            new = self._hanging(call.with_changes(func=func))
+        else:
+            new = _shift_continuations(call, delta).with_changes(func=func)
         self._edit(new, kind, message)
         return new
 
