@@ -121,6 +121,9 @@ def convert(src: str) -> str:
     pytest.param("import torch\nprint(\"" + "a" * 70 + "\")\n# " + "b" * 85 + "\n",
                  "import torch\nimport distify.runtime as distify\ndistify.print(\"" + "a" * 70
                  + "\")\n# " + "b" * 85 + "\n", id="fits-the-files-own-line-length"),
+    pytest.param("import torch\nx = 1; print(\"" + "a" * 70 + "\")\n",
+                 "import torch\nimport distify.runtime as distify\nx = 1; distify.print(\""
+                 + "a" * 70 + "\")\n", id="no-hanging-indent-between-semicolons"),
 ])
 def test_single_rewrites(before: str, after: str) -> None:
     assert convert(before) == after

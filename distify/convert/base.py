@@ -150,7 +150,8 @@ class TransformerBase(cst.CSTTransformer):
         """Would the statement being rewritten exceed the file's line length if its first line
         grew by ``growth`` characters?"""
         statement = self._statements[-1] if self._statements else None
-        if not isinstance(statement, cst.SimpleStatementLine):  # none, or a one-line suite
+        if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) > 1:
+            # none, a one-line suite, or `a = f(); b = g()`: a break there would read worse
             return False
         if id(statement) not in self._first_lines:
             code = _code(statement.with_changes(leading_lines=()))
