@@ -208,7 +208,7 @@ class SideEffectMixin(TransformerBase):
         push the line past the file's own line length."""
         func = self._rt_attr(name)
         delta = len(_code(func)) - len(_code(call.func))
-        if call.args and "\n" not in _code(call) and self._too_long(delta):
+        if call.args and self._too_long(delta) and "\n" not in _code(call):
             new = self._hanging(call.with_changes(func=func))
         else:
             new = _shift_continuations(call, delta).with_changes(func=func)
