@@ -1,6 +1,7 @@
 """Runtime faults under a real launcher: a crashed rank ends the job, a restarted job resumes.
 
-(A crash during `save` leaving the previous checkpoint intact is tested in test_runtime_unit.)
+Restarts are tested on one machine and on two agents meeting through c10d rendezvous. (A crash
+during `save` leaving the previous checkpoint intact is tested in test_runtime_unit.)
 """
 
 from __future__ import annotations
@@ -13,26 +14,33 @@ import sys
 
 import pytest
 
-from tests.helpers import FIXTURES, REPO, clean_env
+from tests.helpers import FIXTURES, REPO, clean_env, free_port
 
 pytest.importorskip("torch")
 
 RESUMABLE = FIXTURES / "launch" / "resumable.py"
 
 
-def _launch(*args: str, cwd, timeout: float = 240) -> subprocess.CompletedProcess:
-    """Run a job; a job that hangs fails the test and leaves no worker behind."""
+def _start(*args: str, cwd) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "distify", "launch", "--cpu", *args]
-    proc = subprocess.Popen(cmd, cwd=cwd, env=clean_env(PYTHONPATH=str(REPO)), text=True,
+    return subprocess.Popen(cmd, cwd=cwd, env=clean_env(PYTHONPATH=str(REPO)), text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 240) -> subprocess.CompletedProcess:
+    """Wait for a job; a job that hangs fails the test and leaves no worker behind."""
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
         pytest.fail(f"the job hung for {timeout} s\n{out}\n{err}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _launch(*args: str, cwd, timeout: float = 240) -> subprocess.CompletedProcess:
+    return _finish(_start(*args, cwd=cwd), timeout)
 
 
 def _final(stdout: str) -> dict:
@@ -70,5 +78,28 @@ def test_a_restarted_job_resumes_from_the_last_checkpoint(tmp_path) -> None:
     assert "resumed at epoch 2" in proc.stdout  # epochs 0 and 1 were checkpointed
     assert (restarted / "crashed").exists()
     want, got = _final(clean.stdout), _final(proc.stdout)
+    assert got["weight"] == pytest.approx(want["weight"], rel=1e-6)
+    assert got["bias"] == pytest.approx(want["bias"], rel=1e-6)
+
+
+def test_a_restarted_two_machine_job_resumes_through_c10d_rendezvous(tmp_path) -> None:
+    # Two agents on this machine stand for two machines; rank 1 (on one of them) crashes once.
+    # Both agents restart their workers in a new rendezvous round, and the job resumes.
+    uninterrupted = tmp_path / "uninterrupted"
+    restarted = tmp_path / "restarted"
+    uninterrupted.mkdir()
+    restarted.mkdir()
+    clean = _launch("--num_processes", "2", str(RESUMABLE), str(uninterrupted), cwd=tmp_path)
+    assert clean.returncode == 0, clean.stderr
+    common = ["--num_machines", "2", "--num_processes", "2", "--main_process_ip", "127.0.0.1",
+              "--main_process_port", str(free_port()), "--rdzv_backend", "c10d",
+              "--max_restarts", "3"]
+    agents = [_start(*common, "--machine_rank", str(rank), str(RESUMABLE), str(restarted), "2",
+                     cwd=tmp_path) for rank in (0, 1)]
+    done = [_finish(agent) for agent in agents]
+    assert [proc.returncode for proc in done] == [0, 0], "\n".join(p.stderr for p in done)
+    out = "".join(proc.stdout for proc in done)
+    assert "resumed at epoch 2" in out and (restarted / "crashed").exists()
+    want, got = _final(clean.stdout), _final(out)
     assert got["weight"] == pytest.approx(want["weight"], rel=1e-6)
     assert got["bias"] == pytest.approx(want["bias"], rel=1e-6)
