@@ -331,9 +331,17 @@ def _leave_process_group() -> None:
     abort ("terminate called without an active exception") after a successful run, so the ranks
     meet first. Then what holds the group lets go of it, so that destroying it joins Gloo's
     threads now rather than during interpreter shutdown, where they can abort the process too.
-    After an uncaught exception nothing waits: the launcher stops the job.
+    After an uncaught exception nothing waits and the group is left as it is: destroying it
+    could block on a collective the other ranks never join, while exiting lets the launcher
+    stop the job at once. Gloo may then abort this process as Python shuts down, so what was
+    printed is flushed first.
     """
-    if not dist.is_initialized() or hasattr(sys, "last_value"):
+    if not dist.is_initialized():
+        return
+    if hasattr(sys, "last_value"):
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
         return
     # A peer that is gone or still busy makes this fail: then exit without the handshake.
     with contextlib.suppress(Exception):
