@@ -142,6 +142,15 @@ def test_saving_on_the_main_process_only_never_waits_for_the_others(run):
     assert results["main_process_saves"][0]["rank0_waited_for_rank1"] is False
 
 
+def test_shared_generator_draws_the_main_processs_split_on_every_rank(run):
+    rank0, rank1 = _both(run[1], "shared_generator")
+    assert (rank0["train"], rank0["val"]) == (rank1["train"], rank1["val"])
+    assert sorted(rank0["train"] + rank0["val"]) == list(range(20))
+    # the main process's draw and its generator afterwards are the original script's
+    assert rank0["same_as_plain"] and rank0["same_state_after"]
+    assert not rank1["same_as_plain"]  # left to its own generator, rank 1 splits differently
+
+
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="threads are listed from /proc")
 def test_gloo_threads_are_gone_before_interpreter_shutdown(run):
     # Gloo's worker threads still running while Python shuts down can abort a finished rank

@@ -84,6 +84,28 @@ def broadcast_object(obj: Any) -> Any:
     return payload[0]
 
 
+def shared_generator() -> torch.Generator:
+    """A CPU random generator that draws the same numbers on every rank: the main process's.
+
+    For draws every process must agree on, such as a ``random_split`` of the data set or a
+    ``randperm`` of its indices: converted scripts pass it as ``generator=``. On the main
+    process (and in a single process) it is ``torch.default_generator`` itself, so the draw is
+    exactly what the original script makes; the other ranks get a copy of its current state.
+    Every rank must call it (it broadcasts that state).
+
+    Returns:
+        The generator to pass as ``generator=``.
+    """
+    if _state.world_size() == 1:
+        return torch.default_generator
+    state = broadcast_object(torch.default_generator.get_state())
+    if _state.is_main_process():
+        return torch.default_generator
+    generator = torch.Generator()
+    generator.set_state(state)
+    return generator
+
+
 def wait_for_everyone() -> None:
     """Block until every rank arrives here (a barrier); nothing happens in a single process."""
     if _state.world_size() == 1:

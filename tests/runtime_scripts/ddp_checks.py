@@ -14,7 +14,7 @@ import sys
 
 import torch
 from torch import nn
-from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, TensorDataset
+from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, TensorDataset, random_split
 
 
 def report_threads_at_exit():
@@ -210,3 +210,16 @@ report("resume_and_trackers", step=resumed["step"],
        weight_equal=torch.equal(resumed["weight"], model.fc.weight.detach()),
        tracker_real=isinstance(tracker, dict), tracker_truthy=bool(tracker),
        tracker_chain=tracker.add_scalar("loss", 1.0) is tracker if not tracker else None)
+
+# Draws every rank must agree on. The ranks are seeded differently on purpose: the shared
+# generator still splits alike everywhere, and the main process draws exactly what its own
+# default generator would have drawn without it.
+torch.manual_seed(100 + RANK)
+before = torch.get_rng_state()
+shared = random_split(range(20), [15, 5], generator=distify.shared_generator())
+after_shared = torch.get_rng_state()
+torch.set_rng_state(before)
+plain = random_split(range(20), [15, 5])
+report("shared_generator", train=list(shared[0].indices), val=list(shared[1].indices),
+       same_as_plain=[list(s.indices) for s in shared] == [list(p.indices) for p in plain],
+       same_state_after=torch.equal(after_shared, torch.get_rng_state()))
