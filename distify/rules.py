@@ -56,6 +56,11 @@ CATEGORIES: dict[str, str] = {
     "distributed_samplers": "samplers that shard a dataset across ranks (need `set_epoch`)",
     "eval_contexts": "context managers and decorators that mark evaluation code",
     "loggers": "calls that print or log a value",
+    "random_splits": "random draws that split or order the data set, which every process must "
+                     "make alike (`seed_arg:`, `seed_pos:` the keyword and position that seed "
+                     "the call; `generator` ones "
+                     "get the runtime's shared generator, others are reported when unseeded)",
+    "seeds": "calls that seed a random generator (with a fixed seed every process draws alike)",
 }
 
 _BUNDLED = "distify.bundled_rules"

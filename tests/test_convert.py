@@ -69,6 +69,21 @@ def test_unsafe_shapes_are_reported_with_their_line(fixture: str, kinds: set[str
         assert expected in line, (note, line)
 
 
+@pytest.mark.parametrize("seed", ["", "np.random.seed(0)\n"], ids=["unseeded", "seeded"])
+def test_draws_without_a_generator_are_reported_in_unseeded_files(seed: str) -> None:
+    source = ("import numpy as np\nimport torch\nfrom sklearn.model_selection import "
+              f"train_test_split\n{seed}order = np.random.permutation(100)\n"
+              "a, b = train_test_split(order, random_state=0)\nc, d = train_test_split(order)\n"
+              "for epoch in range(3):\n    np.random.shuffle(order)\n")
+    result = convert_source(source.encode())
+    notes = [(note.line, note.message.split("(")[0]) for note in result.notes
+             if note.kind == "random-split"]
+    if seed:
+        assert notes == []
+    else:
+        assert notes == [(4, "permutation"), (6, "train_test_split")]
+
+
 def test_report_lines_point_at_the_changed_code() -> None:
     result = convert_source((CONVERT / "mnist_style.in.py").read_bytes())
     lines = result.output.decode().splitlines()
@@ -124,6 +139,14 @@ def convert(src: str) -> str:
     pytest.param("import torch\nx = 1; print(\"" + "a" * 70 + "\")\n",
                  "import torch\nimport distify.runtime as distify\nx = 1; distify.print(\""
                  + "a" * 70 + "\")\n", id="no-hanging-indent-between-semicolons"),
+    pytest.param("from torch.utils.data import random_split\ntr, va = random_split(ds, [8, 2])\n",
+                 "from torch.utils.data import random_split\nimport distify.runtime as distify\n"
+                 "tr, va = random_split(ds, [8, 2], generator=distify.shared_generator())\n",
+                 id="unseeded-random-split"),
+    pytest.param("import torch\nperm = torch.randperm(len(ds))\n",
+                 "import torch\nimport distify.runtime as distify\n"
+                 "perm = torch.randperm(len(ds), generator=distify.shared_generator())\n",
+                 id="randperm-of-the-data-set"),
 ])
 def test_single_rewrites(before: str, after: str) -> None:
     assert convert(before) == after
@@ -138,6 +161,12 @@ def test_single_rewrites(before: str, after: str) -> None:
                  "    def configure(self):\n        return torch.optim.SGD(self.parameters(), 1)\n",
                  id="optimizer-inside-model-class"),
     pytest.param("print('no torch here')\n", id="no-torch"),
+    pytest.param("import torch\nfrom torch.utils.data import random_split\n"
+                 "a, b = random_split(ds, [8, 2], generator=g)\n"
+                 "c, d = random_split(ds, [8, 2], g)\n", id="seeded-random-split"),
+    pytest.param("import torch\nfor x in xs:\n    perm = torch.randperm(len(x))\n"
+                 "def mixup(x):\n    return x[torch.randperm(x.size(0))]\n"
+                 "idx = torch.randperm(len(ds), device=x.device)\n", id="per-batch-randperm"),
 ])
 def test_no_op_neighbours(src: str) -> None:
     assert convert(src) == src

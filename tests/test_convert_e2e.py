@@ -121,3 +121,18 @@ def _compare_metrics(name, got, want, got_text, want_text) -> None:
             g_loss = float(g.split("Average loss: ")[1].split(",")[0])
             w_loss = float(w.split("Average loss: ")[1].split(",")[0])
             assert g_loss == pytest.approx(w_loss, abs=2e-4)
+
+
+def test_an_unseeded_split_is_the_same_split_on_every_process(tmp_path) -> None:
+    # Nothing seeds the script, so each process would split the data its own way; converted,
+    # the split comes from the main process's generator and the two sets still partition the
+    # data: each sample evaluated once, in exactly one of them.
+    folder = _prepare(tmp_path, "unseeded_split", "converted")
+    for nproc in (1, 2):
+        if nproc == 1:
+            proc = run_python(folder / "train.py", "16", cwd=folder, env=_env())
+        else:
+            proc = run_torchrun(folder / "train.py", "8", nproc=2, cwd=folder, env=_env())
+        got = result_line(proc.stdout)
+        assert (got["train_count"], got["val_count"]) == (90, 30)
+        assert got["train_ids"] + got["val_ids"] == sum(range(120)), (nproc, got)

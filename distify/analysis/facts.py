@@ -37,6 +37,8 @@ class FileFacts:
     builds_loaders: bool = False
     #: the longest line, in characters: the file's own line-length habit
     longest_line: int = 0
+    #: the file seeds a random generator somewhere (``torch.manual_seed``, ``set_seed``, ...)
+    seeds: bool = False
 
 
 def parse_ast(source: bytes, path: str) -> ast.Module:
@@ -74,6 +76,7 @@ def gather_facts(tree: ast.Module, source: bytes, rules: RuleSet) -> FileFacts:
     """Collect :class:`FileFacts` in one walk of ``tree``."""
     facts = FileFacts(imports=ImportMap.from_ast(tree))
     check_markers = any(hint.encode() in source for hint in _MARKER_HINTS)
+    check_seeds = b"seed" in source
     classes: list[ast.ClassDef] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Name):
@@ -96,6 +99,8 @@ def gather_facts(tree: ast.Module, source: bytes, rules: RuleSet) -> FileFacts:
             facts.names.add(node.rest)
         elif isinstance(node, (ast.Global, ast.Nonlocal)):
             facts.names.update(node.names)
+        elif check_seeds and isinstance(node, ast.Call) and not facts.seeds:
+            facts.seeds = rules.match("seeds", facts.imports.ast_qualname(node.func)) is not None
         if check_markers and facts.distributed is None:
             facts.distributed = _marker(node, facts.imports, rules)
     facts.names.update(facts.imports.aliases)

@@ -13,11 +13,12 @@ What it rewrites (each rewrite is recorded as a :class:`Edit` for the report):
 - sums accumulated in an evaluation loop over a DataLoader (``correct += ...`` in a loop under
   ``torch.no_grad()`` or after ``model.eval()``) → ``x = rt.reduce(x)`` after the loop;
 - and the idioms real scripts use: gradient accumulation, DataParallel, file writes, trackers,
-  progress bars, logging, dataset downloads, run timestamps, gradient clipping.
+  progress bars, logging, dataset downloads, run timestamps, gradient clipping, and random
+  splits of the data set (drawn from the main process's generator on every process).
 
-Each family lives in its own mixin: :mod:`.prepare`, :mod:`.devices`, :mod:`.loops` and
-:mod:`.side_effects` (their docstrings list their rewrites); :mod:`.base` holds the shared
-state, :mod:`.syntax` the node helpers.
+Each family lives in its own mixin: :mod:`.prepare`, :mod:`.devices`, :mod:`.loops`,
+:mod:`.side_effects` and :mod:`.randomness` (their docstrings list their rewrites);
+:mod:`.base` holds the shared state, :mod:`.syntax` the node helpers.
 
 What it deliberately does not do: it never guesses. A training loop fed without a DataLoader,
 a data-dependent ``break`` in a training loop, a custom sampler, predictions collected into
@@ -33,12 +34,14 @@ from distify.convert.base import Edit, TransformerBase
 from distify.convert.devices import DeviceMixin
 from distify.convert.loops import LoopMixin
 from distify.convert.prepare import PrepareMixin
+from distify.convert.randomness import RandomnessMixin
 from distify.convert.side_effects import SideEffectMixin
 
 __all__ = ["DistifyTransformer", "Edit"]
 
 
-class DistifyTransformer(PrepareMixin, DeviceMixin, LoopMixin, SideEffectMixin, TransformerBase):
+class DistifyTransformer(PrepareMixin, DeviceMixin, LoopMixin, SideEffectMixin, RandomnessMixin,
+                         TransformerBase):
     """Rewrites one module in one pass. Each mixin owns one family of rewrites; this class
     dispatches calls and statements to them."""
 
@@ -167,7 +170,7 @@ class DistifyTransformer(PrepareMixin, DeviceMixin, LoopMixin, SideEffectMixin, 
         qual = self._qual(original.func)
         if qual is not None:
             for rewrite in (self._rewrite_side_effect_call, self._rewrite_prepare,
-                            self._rewrite_device):
+                            self._rewrite_device, self._rewrite_random_draw):
                 replaced = rewrite(original, updated, qual)
                 if replaced is not None:
                     return replaced

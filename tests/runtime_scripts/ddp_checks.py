@@ -14,7 +14,13 @@ import sys
 
 import torch
 from torch import nn
-from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, TensorDataset, random_split
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    SequentialSampler,
+    TensorDataset,
+    random_split,
+)
 
 
 def report_threads_at_exit():
