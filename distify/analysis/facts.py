@@ -76,7 +76,8 @@ def gather_facts(tree: ast.Module, source: bytes, rules: RuleSet) -> FileFacts:
     """Collect :class:`FileFacts` in one walk of ``tree``."""
     facts = FileFacts(imports=ImportMap.from_ast(tree))
     check_markers = any(hint.encode() in source for hint in _MARKER_HINTS)
-    check_seeds = b"seed" in source
+    seed_names = ({name.rsplit(".", 1)[-1] for name in rules.names("seeds")}
+                  if b"seed" in source else set())
     classes: list[ast.ClassDef] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Name):
@@ -99,7 +100,8 @@ def gather_facts(tree: ast.Module, source: bytes, rules: RuleSet) -> FileFacts:
             facts.names.add(node.rest)
         elif isinstance(node, (ast.Global, ast.Nonlocal)):
             facts.names.update(node.names)
-        elif check_seeds and isinstance(node, ast.Call) and not facts.seeds:
+        elif seed_names and isinstance(node, ast.Call) and not facts.seeds \
+                and _last_name(node.func) in seed_names:
             facts.seeds = rules.match("seeds", facts.imports.ast_qualname(node.func)) is not None
         if check_markers and facts.distributed is None:
             facts.distributed = _marker(node, facts.imports, rules)
@@ -111,6 +113,12 @@ def gather_facts(tree: ast.Module, source: bytes, rules: RuleSet) -> FileFacts:
     facts.builds_loaders = any(name.rsplit(".", 1)[-1].encode() in source
                                for name in rules.names("dataloaders"))
     return facts
+
+
+def _last_name(node: ast.expr) -> str | None:
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return node.id if isinstance(node, ast.Name) else None
 
 
 def _marker(node: ast.AST, imports: ImportMap, rules: RuleSet) -> tuple[int, str] | None:
