@@ -149,6 +149,8 @@ def test_shared_generator_draws_the_main_processs_split_on_every_rank(run):
     # the main process's draw and its generator afterwards are the original script's
     assert rank0["same_as_plain"] and rank0["same_state_after"]
     assert not rank1["same_as_plain"]  # left to its own generator, rank 1 splits differently
+    first0, first1 = _both(run[1], "shared_generator_first")
+    assert first0["train"] == first1["train"]  # also inside main_process_first
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="threads are listed from /proc")

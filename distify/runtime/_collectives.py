@@ -91,19 +91,38 @@ def shared_generator() -> torch.Generator:
     ``randperm`` of its indices: converted scripts pass it as ``generator=``. On the main
     process (and in a single process) it is ``torch.default_generator`` itself, so the draw is
     exactly what the original script makes; the other ranks get a copy of its current state.
-    Every rank must call it (it broadcasts that state).
+
+    Every rank must call it, the same number of times, but not at the same moment: the state
+    goes through the job's key-value store, not a collective, so it also works inside
+    :func:`main_process_first` (a dataset helper that downloads, then splits).
 
     Returns:
         The generator to pass as ``generator=``.
     """
+    global _shared_draws
     if _state.world_size() == 1:
         return torch.default_generator
-    state = broadcast_object(torch.default_generator.get_state())
-    if _state.is_main_process():
+    _shared_draws += 1
+    store = _state.shared_store()
+    main = _state.is_main_process()
+    if store is None:  # no store to go through: all ranks meet here instead
+        state = broadcast_object(torch.default_generator.get_state())
+    elif main:
+        state = torch.default_generator.get_state()
+        store.set(f"generator/{_shared_draws}", state.numpy().tobytes())
+    else:  # waits until the main process has published it (up to the job's timeout)
+        raw = store.get(f"generator/{_shared_draws}")
+        state = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+    if main:
         return torch.default_generator
     generator = torch.Generator()
     generator.set_state(state)
     return generator
+
+
+#: how many times this process called shared_generator (its draws are numbered alike on
+#: every rank)
+_shared_draws = 0
 
 
 def wait_for_everyone() -> None:

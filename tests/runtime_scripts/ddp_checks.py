@@ -229,3 +229,9 @@ plain = random_split(range(20), [15, 5])
 report("shared_generator", train=list(shared[0].indices), val=list(shared[1].indices),
        same_as_plain=[list(s.indices) for s in shared] == [list(p.indices) for p in plain],
        same_state_after=torch.equal(after_shared, torch.get_rng_state()))
+
+# A data helper that downloads, then splits, called inside main_process_first: the main process
+# runs it while the others wait, so the shared generator must not need them at that moment.
+with distify.main_process_first():
+    inside = random_split(range(12), [9, 3], generator=distify.shared_generator())
+report("shared_generator_first", train=list(inside[0].indices))
