@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from distify.analysis.draws import how_to_seed, must_agree, seeds_itself
 from distify.convert.base import TransformerBase
 from distify.convert.syntax import _EQUAL, _code
 
@@ -29,13 +30,12 @@ class RandomnessMixin(TransformerBase):
         entry = self.rules.match("random_splits", qual)
         if entry is None or self._main_only_depth or any(a.star for a in original.args):
             return None
-        seed_arg, seed_pos = entry.get("seed_arg"), entry.get("seed_pos")
         keywords = {a.keyword.value for a in original.args if a.keyword}
         positional = sum(1 for a in original.args if a.keyword is None)
-        if seed_arg in keywords or (isinstance(seed_pos, int) and positional > seed_pos):
-            return None  # seeded by the script itself
+        if seeds_itself(entry, keywords, positional):
+            return None
         name = qual.rsplit(".", 1)[-1]
-        if seed_arg == "generator":
+        if entry.get("seed_arg") == "generator":
             if not self._shares_generator(original, name, keywords):
                 return None
             new = self._with_shared_generator(updated)
@@ -43,11 +43,9 @@ class RandomnessMixin(TransformerBase):
                        "every process makes the same split (exactly the original one there)")
             return new
         if not (self.facts.seeds or self._loops or self._classes):
-            how = (f"pass {seed_arg}=<a fixed number>" if seed_arg
-                   else "seed it with the same number on every process first")
             self._edit(updated, "random-split", f"{name}(...) is unseeded: each process draws "
-                       f"its own, so they may split or order the data differently; {how}",
-                       human=True)
+                       "its own, so they may split or order the data differently; "
+                       f"{how_to_seed(entry)}", human=True)
         return None
 
     def _shares_generator(self, call: cst.Call, name: str, keywords: set[str]) -> bool:
@@ -56,7 +54,7 @@ class RandomnessMixin(TransformerBase):
         # A permutation of the data set's indices, built once: not a per-batch shuffle, and on
         # the CPU (a CUDA randperm needs a CUDA generator).
         return (not self._loops and not self._classes and "device" not in keywords
-                and bool(call.args) and "len(" in _code(call.args[0].value))
+                and must_agree(name, bool(call.args) and "len(" in _code(call.args[0].value)))
 
     def _with_shared_generator(self, call: cst.Call) -> cst.Call:
         argument = cst.Arg(value=self._rt_call("shared_generator"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 
+from distify.analysis.draws import how_to_seed, must_agree, seeds_itself
 from distify.lint.rule import Invalid, LintRule, Valid
 
 
@@ -88,18 +89,12 @@ class UnseededRandomSplit(LintRule):
         if entry is None or any(isinstance(arg, ast.Starred) for arg in node.args) \
                 or any(keyword.arg is None for keyword in node.keywords):
             return
-        seed_arg, seed_pos = entry.get("seed_arg"), entry.get("seed_pos")
-        if any(keyword.arg == seed_arg for keyword in node.keywords) or (
-                isinstance(seed_pos, int) and len(node.args) > seed_pos):
+        keywords = {keyword.arg for keyword in node.keywords if keyword.arg}
+        if seeds_itself(entry, keywords, len(node.args)):
             return
         short = (name or "").rpartition(".")[2]
-        if short == "randperm" and not (node.args and _is_length(node.args[0])):
-            return
-        how = (f"pass {seed_arg}=<a fixed number>" if seed_arg and seed_arg != "generator"
-               else "pass generator=torch.Generator().manual_seed(<n>) (or "
-               "distify.shared_generator())" if seed_arg
-               else "seed every rank with the same number first")
-        self.draws.append((node, short, how))
+        if must_agree(short, bool(node.args) and _is_length(node.args[0])):
+            self.draws.append((node, short, how_to_seed(entry)))
 
     def finish(self) -> None:
         if self.seeded:
