@@ -8,7 +8,6 @@ import os
 import random
 import shutil
 import tempfile
-import time
 from typing import IO, Any, Callable, TypeVar, Union
 
 import torch
@@ -49,9 +48,9 @@ def save(obj: Any, f: PathOrFile, **kwargs: Any) -> None:
         **kwargs: passed to ``torch.save``.
     """
     key = _path_key(f)
+    if key is not None:  # every rank numbers the saves of each path alike: see load()
+        _saves[key] = _saves.get(key, 0) + 1
     if not _state.is_main_process():
-        if key is not None:  # the main process is writing it now: see load()
-            _saves_asked[key] = _saves_asked.get(key, 0) + 1
         return
     if key is None:
         torch.save(obj, f, **kwargs)
@@ -59,14 +58,13 @@ def save(obj: Any, f: PathOrFile, **kwargs: Any) -> None:
     _atomic_save(obj, os.fspath(f), kwargs)  # type: ignore[arg-type]
     store = _state.shared_store()
     if store is not None:
-        store.add(_STORE_PREFIX + key, 1)
+        store.set(f"saved/{key}/{_saves[key]}", b"")
 
 
-#: per path, how many saves this (non-main) process has seen asked of the main process
-_saves_asked: dict[str, int] = {}
-#: per path, how many of those the main process is known to have finished
+#: per path, how many times this process called save for it
+_saves: dict[str, int] = {}
+#: per path, the last of those saves the main process is known to have finished (other ranks)
 _saves_seen: dict[str, int] = {}
-_STORE_PREFIX = "saved/"
 
 
 def load(f: PathOrFile, map_location: Any = None, **kwargs: Any) -> Any:
@@ -85,8 +83,9 @@ def load(f: PathOrFile, map_location: Any = None, **kwargs: Any) -> Any:
         DistifyError: the main process did not finish that save within the job's timeout.
     """
     key = _path_key(f)
-    if key is not None and _saves_asked.get(key, 0) > _saves_seen.get(key, 0):
-        _wait_for_main_process_save(key, _saves_asked[key], os.fspath(f))  # type: ignore[arg-type]
+    if key is not None and not _state.is_main_process() \
+            and _saves.get(key, 0) > _saves_seen.get(key, 0):
+        _wait_for_main_process_save(key, os.fspath(f))  # type: ignore[arg-type]
     if map_location is None:
         map_location = _to_this_device
     return torch.load(f, map_location=map_location, **kwargs)
@@ -99,26 +98,21 @@ def _path_key(f: PathOrFile) -> str | None:
     return None
 
 
-def _wait_for_main_process_save(key: str, count: int, shown: str) -> None:
+def _wait_for_main_process_save(key: str, shown: str) -> None:
+    number = _saves[key]
     store = _state.shared_store()
     if store is None:  # no store to ask: meet the main process instead (it loads too)
         _collectives.wait_for_everyone()
-        _saves_seen[key] = count
-        return
-    timeout = _state.state().timeout.total_seconds()
-    deadline = time.monotonic() + timeout
-    delay = 0.001
-    # add(key, 0) reads the counter atomically (and creates it at 0 if the main process has not
-    # finished any save of this path yet).
-    while store.add(_STORE_PREFIX + key, 0) < count:
-        if time.monotonic() > deadline:
+    else:
+        try:  # blocks until the main process has published that save (the store's timeout)
+            store.get(f"saved/{key}/{number}")
+        except RuntimeError:
+            timeout = _state.state().timeout.total_seconds()
             raise DistifyError(
                 f"waited {timeout:g} s for the main process to finish saving {shown}: it is "
                 "stuck, failed, or never called distify.save for it (set DISTIFY_TIMEOUT to "
-                "wait longer)")
-        time.sleep(delay)
-        delay = min(delay * 2, 0.05)
-    _saves_seen[key] = count
+                "wait longer)") from None
+    _saves_seen[key] = number
 
 
 def set_seed(seed: int) -> None:
