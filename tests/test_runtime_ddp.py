@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, run_torchrun
+from tests.helpers import REPO, clean_env, run_torchrun
 
 SCRIPT = REPO / "tests" / "runtime_scripts" / "ddp_checks.py"
 SAMPLES = 251
@@ -159,3 +159,9 @@ def test_gloo_threads_are_gone_before_interpreter_shutdown(run):
     # ("terminate called without an active exception"), which fails the whole job.
     for record in _both(run[1], "threads_at_exit"):
         assert not [name for name in record["names"] if "gloo" in name], record
+
+
+def test_a_load_waiting_for_a_save_never_made_fails_after_the_timeout(tmp_path):
+    script = REPO / "tests" / "runtime_scripts" / "save_never_written.py"
+    proc = run_torchrun(script, cwd=tmp_path, env=clean_env(DISTIFY_TIMEOUT="3"), timeout=120)
+    assert "caught: waited 3 s for the main process to finish saving never.pt" in proc.stdout
