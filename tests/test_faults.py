@@ -63,43 +63,41 @@ def _has_final(stdout: str) -> bool:
     return any(line.startswith("{") for line in stdout.splitlines())
 
 
-def test_a_restarted_job_resumes_from_the_last_checkpoint(tmp_path) -> None:
-    uninterrupted = tmp_path / "uninterrupted"
-    restarted = tmp_path / "restarted"
-    uninterrupted.mkdir()
-    restarted.mkdir()
-    clean = _launch("--num_processes", "2", str(RESUMABLE), str(uninterrupted), cwd=tmp_path)
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> dict:
+    """The resumable job's result when nothing crashes (both restart tests compare with it)."""
+    folder = tmp_path_factory.mktemp("uninterrupted")
+    clean = _launch("--num_processes", "2", str(RESUMABLE), str(folder), cwd=folder)
     assert clean.returncode == 0, clean.stderr
+    return _final(clean.stdout)
+
+
+def _assert_resumed(stdout: str, restarted, want: dict) -> None:
+    assert "resumed at epoch 2" in stdout  # epochs 0 and 1 were checkpointed
+    assert (restarted / "crashed").exists()
+    got = _final(stdout)
+    assert got["weight"] == pytest.approx(want["weight"], rel=1e-6)
+    assert got["bias"] == pytest.approx(want["bias"], rel=1e-6)
+
+
+def test_a_restarted_job_resumes_from_the_last_checkpoint(tmp_path, uninterrupted) -> None:
     # Gloo on torch 2.13 sometimes fails to reconnect a restarted group; a restart budget of
     # 3 is what a real job would use, and the job must still resume from its checkpoint.
     proc = _launch("--num_processes", "2", "--max_restarts", "3", str(RESUMABLE),
-                   str(restarted), "2", cwd=tmp_path)
+                   str(tmp_path), "2", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert "resumed at epoch 2" in proc.stdout  # epochs 0 and 1 were checkpointed
-    assert (restarted / "crashed").exists()
-    want, got = _final(clean.stdout), _final(proc.stdout)
-    assert got["weight"] == pytest.approx(want["weight"], rel=1e-6)
-    assert got["bias"] == pytest.approx(want["bias"], rel=1e-6)
+    _assert_resumed(proc.stdout, tmp_path, uninterrupted)
 
 
-def test_a_restarted_two_machine_job_resumes_through_c10d_rendezvous(tmp_path) -> None:
+def test_a_restarted_two_machine_job_resumes_through_c10d_rendezvous(tmp_path,
+                                                                       uninterrupted) -> None:
     # Two agents on this machine stand for two machines; rank 1 (on one of them) crashes once.
     # Both agents restart their workers in a new rendezvous round, and the job resumes.
-    uninterrupted = tmp_path / "uninterrupted"
-    restarted = tmp_path / "restarted"
-    uninterrupted.mkdir()
-    restarted.mkdir()
-    clean = _launch("--num_processes", "2", str(RESUMABLE), str(uninterrupted), cwd=tmp_path)
-    assert clean.returncode == 0, clean.stderr
     common = ["--num_machines", "2", "--num_processes", "2", "--main_process_ip", "127.0.0.1",
               "--main_process_port", str(free_port()), "--rdzv_backend", "c10d",
               "--max_restarts", "3"]
-    agents = [_start(*common, "--machine_rank", str(rank), str(RESUMABLE), str(restarted), "2",
+    agents = [_start(*common, "--machine_rank", str(rank), str(RESUMABLE), str(tmp_path), "2",
                      cwd=tmp_path) for rank in (0, 1)]
     done = [_finish(agent) for agent in agents]
     assert [proc.returncode for proc in done] == [0, 0], "\n".join(p.stderr for p in done)
-    out = "".join(proc.stdout for proc in done)
-    assert "resumed at epoch 2" in out and (restarted / "crashed").exists()
-    want, got = _final(clean.stdout), _final(out)
-    assert got["weight"] == pytest.approx(want["weight"], rel=1e-6)
-    assert got["bias"] == pytest.approx(want["bias"], rel=1e-6)
+    _assert_resumed("".join(proc.stdout for proc in done), tmp_path, uninterrupted)
