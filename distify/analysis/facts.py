@@ -12,6 +12,7 @@ import warnings
 from dataclasses import dataclass, field
 
 from distify.analysis.names import ImportMap
+from distify.analysis.training import Training, analyse_training
 from distify.errors import UserError
 from distify.rules import RuleSet
 
@@ -39,6 +40,8 @@ class FileFacts:
     longest_line: int = 0
     #: the file seeds a random generator somewhere (``torch.manual_seed``, ``set_seed``, ...)
     seeds: bool = False
+    #: what its optimizers and backward passes train (see :mod:`distify.analysis.training`)
+    training: Training = field(default_factory=Training)
 
 
 def parse_ast(source: bytes, path: str) -> ast.Module:
@@ -110,6 +113,8 @@ def gather_facts(tree: ast.Module, source: bytes, rules: RuleSet) -> FileFacts:
     facts.model_classes = _model_classes(classes, facts.imports, rules)
     facts.longest_line = max((len(line) for line in
                               source.decode("utf-8", errors="replace").splitlines()), default=0)
+    if b"backward" in source or b"optim" in source or b".step(" in source:
+        facts.training = analyse_training(tree, facts.imports, rules, facts.model_classes)
     facts.builds_loaders = any(name.rsplit(".", 1)[-1].encode() in source
                                for name in rules.names("dataloaders"))
     return facts

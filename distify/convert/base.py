@@ -136,6 +136,11 @@ class TransformerBase(cst.CSTTransformer):
         self._leaving: cst.Call | None = None
         #: the script manages its own mixed precision (a GradScaler)
         self.own_mixed_precision = False
+        self._path: list[str] = []  # enclosing classes and functions, as the analysis names them
+        self._assignments: dict[tuple[tuple[str, ...], str], int] = {}  # how many so far
+        self._built: list[list[tuple[str, int]]] = []  # per statement: (name, assignment index)
+        self._after: list[cst.SimpleStatementLine] = []  # lines to add after this statement
+        self._backwards: dict[tuple[str, ...], int] = {}  # backward calls seen, per scope
 
     def _qual(self, node: cst.BaseExpression) -> str | None:
         return self.facts.imports.qualname(node)
@@ -211,9 +216,11 @@ class TransformerBase(cst.CSTTransformer):
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
         self._classes.append(node.name.value in self.facts.model_classes)
+        self._path.append(node.name.value)
 
     def leave_ClassDef(self, original: cst.ClassDef, updated: cst.ClassDef) -> cst.ClassDef:
         self._classes.pop()
+        self._path.pop()
         return updated
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
@@ -224,6 +231,7 @@ class TransformerBase(cst.CSTTransformer):
         scope.no_grad = any(self._qual(_callee(d.decorator)) in _NO_GRAD
                             for d in node.decorators)
         self._scopes.append(scope)
+        self._path.append(node.name.value)
         self._loops_saved = getattr(self, "_loops_saved", [])
         self._loops_saved.append(self._loops)
         self._loops = []
@@ -231,6 +239,7 @@ class TransformerBase(cst.CSTTransformer):
     def leave_FunctionDef(self, original: cst.FunctionDef,
                           updated: cst.FunctionDef) -> cst.FunctionDef:
         self._scopes.pop()
+        self._path.pop()
         self._loops = self._loops_saved.pop()
         return updated
 
@@ -253,6 +262,11 @@ class TransformerBase(cst.CSTTransformer):
         if self._loops:
             for name in names:
                 self._loops[-1].assigned.add(name)
+        for target in node.targets:
+            self._count_assignment(target.target)
+
+    def _count_assignment(self, target: cst.BaseExpression) -> None:
+        """Defined by the model rewrites (:mod:`.models`)."""
 
     def _in_model_class(self) -> bool:
         return bool(self._classes) and self._classes[-1]

@@ -104,6 +104,7 @@ class LoopMixin(TransformerBase):
                        human=True)
 
     def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self._count_assignment(node.target)
         if not self._loops or not isinstance(node.target, cst.Name):
             return
         name = node.target.value

@@ -143,8 +143,10 @@ class PrepareMixin(TransformerBase):
     def _trained_models(self, call: cst.Call) -> list[str]:
         """The models an optimizer trains: roots of ``X.parameters()`` in its arguments."""
         found: list[str] = []
-        for arg in call.args:
-            for root in _parameter_roots(arg.value):
-                if root not in found and root not in self._scope.prepared_models:
-                    found.append(root)
+        roots = [root for arg in call.args for root in _parameter_roots(arg.value)]
+        # and those whose parameters reach it through variables (grouped parameters, ...)
+        roots += self._optimizer_models(self._statement_target())
+        for root in roots:
+            if root not in found and root not in self._scope.prepared_models:
+                found.append(root)
         return found

@@ -33,6 +33,7 @@ from distify.analysis.names import dotted_name
 from distify.convert.base import Edit, TransformerBase
 from distify.convert.devices import DeviceMixin
 from distify.convert.loops import LoopMixin
+from distify.convert.models import ModelMixin
 from distify.convert.prepare import PrepareMixin
 from distify.convert.randomness import RandomnessMixin
 from distify.convert.side_effects import SideEffectMixin
@@ -40,7 +41,7 @@ from distify.convert.side_effects import SideEffectMixin
 __all__ = ["DistifyTransformer", "Edit"]
 
 
-class DistifyTransformer(PrepareMixin, DeviceMixin, LoopMixin, SideEffectMixin, RandomnessMixin,
+class DistifyTransformer(ModelMixin, PrepareMixin, DeviceMixin, LoopMixin, SideEffectMixin, RandomnessMixin,
                          TransformerBase):
     """Rewrites one module in one pass. Each mixin owns one family of rewrites; this class
     dispatches calls and statements to them."""
@@ -49,12 +50,14 @@ class DistifyTransformer(PrepareMixin, DeviceMixin, LoopMixin, SideEffectMixin, 
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
         self._statements.append(node)
         self._pending_models.append([])
+        self._built.append([])
         self._downloads.append(False)
 
     def leave_SimpleStatementLine(self, original: cst.SimpleStatementLine,
                                   updated: cst.SimpleStatementLine):
         self._statements.pop()
         models = self._pending_models.pop()
+        built = self._built.pop()
         downloads = self._downloads.pop()
         if not updated.body:
             return cst.RemovalSentinel.REMOVE
@@ -70,7 +73,15 @@ class DistifyTransformer(PrepareMixin, DeviceMixin, LoopMixin, SideEffectMixin, 
             return guarded
         if models:
             return cst.FlattenSentinel(self._prepare_models(updated, models))
-        return updated
+        models = self._models_to_prepare(original, updated, models)
+        joined = self._join_prepare(updated, models) if models else None
+        if joined:
+            return cst.FlattenSentinel(joined)
+        prepared = self._prepare_built(updated, built) or updated
+        if self._after:
+            lines, self._after = [prepared, *self._after], []
+            return cst.FlattenSentinel(lines)
+        return prepared
 
     def _split_line(self, original: cst.SimpleStatementLine,
                     updated: cst.SimpleStatementLine) -> cst.FlattenSentinel:
@@ -166,6 +177,12 @@ class DistifyTransformer(PrepareMixin, DeviceMixin, LoopMixin, SideEffectMixin, 
             self._loops[-1].appended.append(func.value.value)
 
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+        result = self._leave_call(original, updated)
+        if isinstance(original.func, cst.Attribute) and original.func.attr.value == "backward":
+            self._note_backward(result)
+        return result
+
+    def _leave_call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
         self._leaving = original
         qual = self._qual(original.func)
         if qual is not None:

@@ -1,0 +1,503 @@
+"""What trains what: the models behind each optimizer and each backward pass, found by data flow.
+
+A script's model must end up under DDP however its optimizer is spelled. ``SGD(model.parameters())``
+is the easy case; real scripts also write grouped parameters built a few lines above
+(``[{"params": [p for n, p in model.named_parameters() if ...]}]``), ``filter(...)`` and
+``itertools.chain(...)`` over several modules, an optimizer built by a method or a helper
+(``model.configure_optimizers(...)``, ``set_optimizer(opt, model)``, ``Lion(...)`` from an unknown
+library), or no optimizer at all (manual SGD on ``p.data``). This pre-pass, over the standard
+library's ``ast`` (cheap, and usable by ``distify check`` too), answers two questions per scope:
+
+- for each optimizer built there, which models does it train (``Training.optimizer_models``)?
+- for each ``X.backward()``, which models computed ``X``, and where is each of them built, so that
+  a model no optimizer names is prepared where it is built (``Training.build_sites``)?
+
+What it deliberately does not do: it follows names within one function (and a model passed down
+one or two calls within the file), not through containers, attributes of other objects or other
+files. Where it cannot tell, it says so (``Training.unresolved``): the report names the line, and
+the runtime stops a job whose loss did not come from a prepared model.
+
+Names are dotted: ``model``, or ``self.model`` for a model kept on an object. A scope is the path
+of enclosing classes and functions, ``()`` for the module.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from distify.analysis.names import ImportMap, ast_dotted_name
+from distify.rules import RuleSet
+
+Scope = tuple[str, ...]
+
+#: methods only a module has (not an optimizer, a tensor or a loader)
+_MODEL_METHODS = {"train", "eval", "parameters", "named_parameters", "modules", "named_modules",
+                  "children", "named_children", "requires_grad_", "configure_optimizers"}
+_PARAM_METHODS = {"parameters", "named_parameters"}
+#: calls whose result is their first argument, prepared or compiled
+_MODEL_PASSTHROUGH = ("torch.compile", "torch.nn.DataParallel", "torch.nn.parallel.DataParallel")
+_MAX_HOPS = 3  # a model passed down this many calls within the file is still followed
+
+
+@dataclass(frozen=True)
+class BuildSite:
+    """Where a model is built: the ``index``-th assignment to ``name`` in ``scope``."""
+
+    scope: Scope
+    name: str
+    index: int
+
+
+@dataclass
+class Training:
+    """What the training code of one file trains."""
+
+    #: scope → optimizer target (``""`` for an unassigned one, e.g. returned) → models it trains
+    optimizer_models: dict[Scope, dict[str, list[str]]] = field(default_factory=dict)
+    #: models only a backward pass reaches (no optimizer names them), prepared where built
+    build_sites: list[BuildSite] = field(default_factory=list)
+    #: scope → ordinals of the ``.backward()`` calls whose model could not be found
+    unresolved: dict[Scope, set[int]] = field(default_factory=dict)
+    #: scope → ordinals of the ``.backward()`` calls on a loss from a model's method
+    #: (``model.compute_loss(...)``): that forward does not go through DDP
+    method_losses: dict[Scope, dict[int, str]] = field(default_factory=dict)
+    #: the file calls ``.backward()`` somewhere (it trains)
+    trains: bool = False
+
+
+@dataclass
+class _Scope:
+    path: Scope
+    params: list[str] = field(default_factory=list)
+    #: dotted target → the values assigned to it, in source order
+    assigns: dict[str, list[ast.expr]] = field(default_factory=dict)
+    #: receivers of ``.backward()``, in source order
+    backwards: list[ast.expr] = field(default_factory=list)
+    #: dotted names with a method called on them → those methods
+    methods: dict[str, set[str]] = field(default_factory=dict)
+    #: optimizers built by a known constructor: (target or "", the call)
+    known_optimizers: list[tuple[str, ast.Call]] = field(default_factory=list)
+    #: calls passing arguments to functions defined in the file: (callee name, call)
+    calls: list[tuple[str, ast.Call]] = field(default_factory=list)
+    #: names passed to ``scaler.step(X)``
+    scaler_steps: set[str] = field(default_factory=set)
+
+
+def dotted(node: ast.AST) -> str | None:
+    """``model`` or ``self.model`` (one attribute of ``self``), else None."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+            and node.value.id == "self":
+        return f"self.{node.attr}"
+    return None
+
+
+def _root(node: ast.AST) -> str | None:
+    """``model.fc.weight`` → ``model``; ``self.net.fc`` → ``self.net``."""
+    parts = (ast_dotted_name(node) or "").split(".")
+    if not parts[0]:
+        return None
+    return ".".join(parts[:2]) if parts[0] == "self" and len(parts) > 1 else parts[0]
+
+
+class _Collector(ast.NodeVisitor):
+    """One source-ordered walk that files each fact under its scope."""
+
+    def __init__(self, imports: ImportMap, rules: RuleSet, model_classes: set[str]) -> None:
+        self.imports, self.rules, self.model_classes = imports, rules, model_classes
+        self.scopes: dict[Scope, _Scope] = {(): _Scope(())}
+        self.stack: list[_Scope] = [self.scopes[()]]
+        self.functions: dict[str, list[Scope]] = {}  # local def/class name → its scopes
+        self.classes: dict[str, Scope] = {}
+
+    @property
+    def scope(self) -> _Scope:
+        return self.stack[-1]
+
+    def _enter(self, name: str, params: list[str]) -> _Scope:
+        path = (*self.scope.path, name)
+        scope = self.scopes.setdefault(path, _Scope(path))
+        scope.params = params
+        self.functions.setdefault(name, []).append(path)
+        return scope
+
+    def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        args = node.args
+        params = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)]
+        for decorator in node.decorator_list:
+            self.visit(decorator)
+        self.stack.append(self._enter(node.name, params))
+        for stmt in node.body:
+            self.visit(stmt)
+        self.stack.pop()
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        self.stack.append(self._enter(node.name, []))
+        self.classes[node.name] = self.scope.path
+        for stmt in node.body:
+            self.visit(stmt)
+        self.stack.pop()
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        for target in node.targets:
+            self._assign(target, node.value)
+        self.generic_visit(node)
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
+        if node.value is not None:
+            self._assign(node.target, node.value)
+        self.generic_visit(node)
+
+    def visit_AugAssign(self, node: ast.AugAssign) -> None:
+        name = dotted(node.target)
+        if name is not None:  # `loss += criterion(out, y)`: the new value depends on both
+            self.scope.assigns.setdefault(name, []).append(node.value)
+        self.generic_visit(node)
+
+    def _assign(self, target: ast.expr, value: ast.expr) -> None:
+        if isinstance(target, (ast.Tuple, ast.List)):
+            for elem in target.elts:  # `logits, loss = model(x, y)`: each depends on the call
+                self._assign(elem, value)
+            return
+        name = dotted(target)
+        if name is None:
+            return
+        self.scope.assigns.setdefault(name, []).append(value)
+        if isinstance(value, ast.Call) and self._is_known_optimizer(value):
+            self.scope.known_optimizers.append((name, value))
+
+    def _is_known_optimizer(self, call: ast.Call) -> bool:
+        return self.rules.match("optimizers", self.imports.ast_qualname(call.func)) is not None
+
+    def visit_Return(self, node: ast.Return) -> None:
+        if isinstance(node.value, ast.Call) and self._is_known_optimizer(node.value):
+            self.scope.known_optimizers.append(("", node.value))
+        self.generic_visit(node)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        func = node.func
+        if isinstance(func, ast.Attribute):
+            receiver = dotted(func.value) or _root(func.value)
+            if func.attr == "backward":
+                self.scope.backwards.append(func.value)
+            if receiver is not None:
+                self.scope.methods.setdefault(receiver, set()).add(func.attr)
+            if func.attr == "step" and node.args and "scaler" in (receiver or "").lower():
+                name = dotted(node.args[0])  # scaler.step(optimizer)
+                if name is not None:
+                    self.scope.scaler_steps.add(name)
+            if isinstance(func.value, ast.Name) and func.value.id == "self":
+                self.scope.calls.append((func.attr, node))
+        elif isinstance(func, ast.Name):
+            self.scope.calls.append((func.id, node))
+        self.generic_visit(node)
+
+
+class _Flow:
+    """Questions about the collected facts, answered across scopes."""
+
+    def __init__(self, collector: _Collector) -> None:
+        self.c = collector
+        self.scopes = collector.scopes
+        self.imports, self.rules = collector.imports, collector.rules
+        self._class_methods: dict[Scope, dict[str, set[str]]] = {}
+
+    # ------------------------------------------------------------------ what is a model?
+    def is_model(self, scope: _Scope, name: str, hops: int = 0) -> bool:
+        """Does ``name`` (in ``scope``) behave like a module: a module-only method called on it
+        (here or in a function it is passed to), or built by a model constructor?"""
+        short = name.split(".")[-1].lower()
+        if "loss" in short or "criterion" in short:  # a loss module computes, it is not trained
+            return False
+        if self.methods(scope, name) & _MODEL_METHODS:
+            return True
+        if hops >= _MAX_HOPS:
+            return False
+        if any(self._builds_model(scope, value, hops) for value in self._values(scope, name)):
+            return True
+        owner = self._owner(scope, name)
+        if owner is not None and name in owner.params and name not in owner.assigns:
+            return any(self.is_model(caller, passed, hops + 1)
+                       for caller, arg in self._arguments_for(owner, name)
+                       if (passed := dotted(arg)) is not None)
+        return False
+
+    def _builds_model(self, scope: _Scope, value: ast.expr, hops: int) -> bool:
+        while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) \
+                and value.func.attr in ("to", "cuda", "cpu", "float", "double", "half"):
+            value = value.func.value  # `Net().to(device)`
+        name = dotted(value)
+        if name is not None:  # `self.model = model.to(gpu_id)`
+            return self.is_model(scope, name, hops + 1)
+        if not isinstance(value, ast.Call):
+            return False
+        qual = self.imports.ast_qualname(value.func) or ""
+        if qual.split(".")[-1] in self.c.model_classes or qual.endswith(".from_pretrained"):
+            return True
+        if self.rules.match("models", qual) is not None:
+            return True
+        if (qual in _MODEL_PASSTHROUGH or self.rules.match("data_parallel", qual)) and value.args:
+            inner = dotted(value.args[0])
+            return inner is not None and self.is_model(scope, inner, hops + 1)
+        return False
+
+    def methods(self, scope: _Scope, name: str, hops: int = 0) -> set[str]:
+        """The methods called on ``name``: in the scope that binds it, and in the functions of
+        the file it is passed to (``train(model, optimizer)`` steps ``optimizer``)."""
+        if name.startswith("self."):
+            return self._class_wide(scope).get(name, set())
+        owner = self._owner(scope, name)
+        if owner is None:
+            return set()
+        found = set(owner.methods.get(name, set()))
+        if hops < _MAX_HOPS:
+            for callee, param in self._passed_to(owner, name):
+                found |= self.methods(callee, param, hops + 1)
+        return found
+
+    def _passed_to(self, scope: _Scope, name: str) -> Iterator[tuple[_Scope, str]]:
+        """(function scope, parameter) for each call in ``scope`` that passes ``name`` to a
+        function or class of the file."""
+        for called, call in scope.calls:
+            for path in self.c.functions.get(called, ()):
+                target = self.scopes[path]
+                if path[-1] in self.c.classes:  # `Trainer(model, ...)`: its __init__
+                    target = self.scopes.get((*path, "__init__"))
+                    if target is None:
+                        continue
+                params = target.params[1:] if target.params[:1] == ["self"] else target.params
+                for index, arg in enumerate(call.args):
+                    if isinstance(arg, ast.Starred):
+                        break
+                    if dotted(arg) == name and index < len(params):
+                        yield target, params[index]
+                for keyword in call.keywords:
+                    if keyword.arg in params and dotted(keyword.value) == name:
+                        yield target, keyword.arg
+
+    def _class_wide(self, scope: _Scope) -> dict[str, set[str]]:
+        """``self.x`` facts are shared by every method of the class."""
+        cls = self._class_of(scope)
+        if cls not in self._class_methods:
+            merged: dict[str, set[str]] = {}
+            for path, other in self.scopes.items():
+                if path[:len(cls)] == cls and len(path) == len(cls) + 1:
+                    for name, methods in other.methods.items():
+                        if name.startswith("self."):
+                            merged.setdefault(name, set()).update(methods)
+            self._class_methods[cls] = merged
+        return self._class_methods[cls]
+
+    def _class_of(self, scope: _Scope) -> Scope:
+        return scope.path[:-1] if scope.path[:-1] in self.c.classes.values() else scope.path
+
+    def _values(self, scope: _Scope, name: str) -> list[ast.expr]:
+        owner = self._owner(scope, name)
+        return owner.assigns.get(name, []) if owner else []
+
+    def _owner(self, scope: _Scope, name: str) -> _Scope | None:
+        """The scope whose assignments bind ``name`` as seen from ``scope``."""
+        if name.startswith("self."):
+            cls = self._class_of(scope)
+            methods = [s for p, s in self.scopes.items()
+                       if p[:len(cls)] == cls and len(p) == len(cls) + 1 and name in s.assigns]
+            init = [s for s in methods if s.path[-1] == "__init__"]
+            return (init or methods or [None])[0]
+        if name in scope.assigns or name in scope.params:
+            return scope
+        module = self.scopes[()]
+        return module if name in module.assigns else None
+
+    # ------------------------------------------------------------------ data flow
+    def depends(self, scope: _Scope, expr: ast.expr) -> tuple[set[str], list[ast.Call]]:
+        """The names ``expr`` depends on through assignments in its scope, and every call made
+        along the way."""
+        names: set[str] = set()
+        calls: list[ast.Call] = []
+        todo = [expr]
+        while todo:
+            node = todo.pop()
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.Call):
+                    calls.append(sub)
+                name = dotted(sub) if isinstance(sub, (ast.Name, ast.Attribute)) else None
+                if name is None or name in names:
+                    continue
+                names.add(name)
+                todo.extend(scope.assigns.get(name, ()))
+        return names, calls
+
+    def parameter_roots(self, scope: _Scope, expr: ast.expr) -> list[str]:
+        """Models whose parameters flow into ``expr``: roots of ``X.parameters()``, and models
+        handed to a call on the way (``get_param_groups(model)``)."""
+        names, calls = self.depends(scope, expr)
+        found: list[str] = []
+        for call in calls:
+            func = call.func
+            if isinstance(func, ast.Attribute) and func.attr in _PARAM_METHODS:
+                root = _root(func.value)
+                if root and root != "self" and root not in found:
+                    found.append(root)
+        for call in calls:
+            for arg in _arguments(call):
+                name = dotted(arg)
+                if name and name not in found and self.is_model(scope, name):
+                    found.append(name)
+        return found
+
+    def models_of_loss(self, scope: _Scope, loss: ast.expr) -> tuple[list[str], str | None]:
+        """The models that compute ``loss``: called, or handed to a call, on its way; and the
+        method call, if the loss comes from a model's method rather than its forward."""
+        _, calls = self.depends(scope, loss)
+        found: list[str] = []
+        methods: dict[str, str] = {}  # model → one of its methods the loss goes through
+        for call in calls:
+            func = call.func
+            callee = dotted(func)
+            candidates = [callee] if callee else []
+            if isinstance(func, ast.Attribute) and callee is None:
+                receiver = dotted(func.value)
+                if receiver and func.attr not in _MODEL_METHODS and func.attr != "forward" \
+                        and self.is_model(scope, receiver):
+                    methods.setdefault(receiver, f"{receiver}.{func.attr}(...)")
+                    candidates.append(receiver)
+            candidates += [dotted(arg) for arg in _arguments(call)]
+            for name in candidates:
+                if name and name not in found and self.is_model(scope, name):
+                    found.append(name)
+        called = {dotted(call.func) for call in calls}
+        method = next((text for model, text in methods.items() if model not in called), None)
+        return found, method
+
+    def optimizer_like(self, scope: _Scope, name: str) -> bool:
+        """Is ``name`` an optimizer: stepped, and zeroed or named like one?"""
+        methods = self.methods(scope, name)
+        if "step" not in methods and name not in scope.scaler_steps:
+            return False
+        short = name.split(".")[-1].lower()
+        if "sched" in short or short.startswith("lr"):
+            return False
+        return "zero_grad" in methods or "optim" in short or short.startswith("opt") \
+            or name in scope.scaler_steps
+
+    # ------------------------------------------------------------------ where built
+    def build_site(self, scope: _Scope, name: str, hops: int = 0) -> BuildSite | None:
+        """Where ``name`` (seen from ``scope``) is built: its last assignment in the scope that
+        binds it, following a parameter to the arguments of its callers in the file."""
+        owner = self._owner(scope, name)
+        if owner is None:
+            return None
+        if name in owner.assigns:
+            return BuildSite(owner.path, name, len(owner.assigns[name]) - 1)
+        if hops >= _MAX_HOPS or name not in owner.params:
+            return None
+        for caller, arg in self._arguments_for(owner, name):
+            passed = dotted(arg)
+            if passed is not None:
+                site = self.build_site(caller, passed, hops + 1)
+                if site is not None:
+                    return site
+        return None
+
+    def _arguments_for(self, function: _Scope, param: str) -> Iterator[tuple[_Scope, ast.expr]]:
+        """The arguments callers in the file pass for ``param`` of ``function``."""
+        name = function.path[-1]
+        is_init = name == "__init__"
+        callee_name = function.path[-2] if is_init and len(function.path) > 1 else name
+        position = function.params.index(param)
+        if is_init or (function.params and function.params[0] == "self"):
+            position -= 1  # bound: `self` is not passed
+        for scope in self.scopes.values():
+            for called, call in scope.calls:
+                if called != callee_name:
+                    continue
+                keyword = next((k.value for k in call.keywords if k.arg == param), None)
+                if keyword is not None:
+                    yield scope, keyword
+                elif 0 <= position < len(call.args) and not any(
+                        isinstance(a, ast.Starred) for a in call.args[:position + 1]):
+                    yield scope, call.args[position]
+
+
+def _arguments(call: ast.Call) -> Iterator[ast.expr]:
+    for arg in call.args:
+        yield arg.value if isinstance(arg, ast.Starred) else arg
+    for keyword in call.keywords:
+        yield keyword.value
+
+
+def analyse_training(tree: ast.Module, imports: ImportMap, rules: RuleSet,
+                     model_classes: set[str]) -> Training:
+    """Find what each optimizer and each backward pass of ``tree`` trains.
+
+    Args:
+        tree: the file's ``ast``.
+        imports: its import table (qualified names).
+        rules: the rule packs (``optimizers``, ``models``, ...).
+        model_classes: the file's own ``nn.Module`` subclasses.
+    """
+    collector = _Collector(imports, rules, model_classes)
+    collector.visit(tree)
+    flow = _Flow(collector)
+    training = Training()
+    covered: set[tuple[Scope, str]] = set()  # (owner scope, model) an optimizer prepares
+    for scope in collector.scopes.values():
+        optimizers = training.optimizer_models.setdefault(scope.path, {})
+        for target, call in scope.known_optimizers:
+            models = flow.parameter_roots(scope, call)
+            optimizers.setdefault(target, []).extend(m for m in models
+                                                     if m not in optimizers.get(target, []))
+        for target, values in scope.assigns.items():
+            if target in optimizers or not flow.optimizer_like(scope, target):
+                continue
+            models = _unknown_optimizer_models(flow, scope, values[-1])
+            if models:
+                optimizers[target] = models
+        for models in optimizers.values():
+            covered.update((_owner_path(flow, scope, m), m) for m in models)
+    for scope in collector.scopes.values():
+        for ordinal, loss in enumerate(scope.backwards):
+            training.trains = True
+            models, method = flow.models_of_loss(scope, loss)
+            if method is not None:
+                training.method_losses.setdefault(scope.path, {})[ordinal] = method
+            if not models:
+                training.unresolved.setdefault(scope.path, set()).add(ordinal)
+            for model in models:
+                if (_owner_path(flow, scope, model), model) in covered:
+                    continue
+                site = flow.build_site(scope, model)
+                if site is None:
+                    training.unresolved.setdefault(scope.path, set()).add(ordinal)
+                elif site not in training.build_sites and not _covered_site(site, covered):
+                    training.build_sites.append(site)
+    return training
+
+
+def _covered_site(site: BuildSite, covered: set[tuple[Scope, str]]) -> bool:
+    return (site.scope, site.name) in covered
+
+
+def _owner_path(flow: _Flow, scope: _Scope, name: str) -> Scope:
+    owner = flow._owner(scope, name)
+    return owner.path if owner is not None else scope.path
+
+
+def _unknown_optimizer_models(flow: _Flow, scope: _Scope, value: ast.expr) -> list[str]:
+    """``model.configure_optimizers(...)``, ``set_optimizer(opt, model)``, ``Lion(...)``: the
+    receiver (a model, or a method named for optimizers) and the models among the arguments."""
+    if not isinstance(value, ast.Call):
+        return []
+    found = flow.parameter_roots(scope, value)
+    func = value.func
+    if isinstance(func, ast.Attribute):
+        receiver = _root(func.value)
+        if receiver and receiver != "self" and receiver not in found and (
+                "optim" in func.attr or flow.is_model(scope, receiver)):
+            found.insert(0, receiver)
+    return found

@@ -1,0 +1,160 @@
+"""Rewrites that put every model that trains under DDP, whatever way its optimizer was built.
+
+The facts come from :mod:`distify.analysis.training` (a pre-pass over the whole file); this mixin
+places the ``rt.prepare`` calls:
+
+- an optimizer built by a known constructor over parameters gathered a few lines above (grouped
+  parameters, ``filter``, ``itertools.chain``, a list comprehension) → its models are prepared
+  with it, ``model, optimizer = rt.prepare(model, optimizer)``, as for ``model.parameters()``;
+- an optimizer built by a method or a helper (``optimizer = model.configure_optimizers(...)``,
+  ``optimizer = set_optimizer(opt, model)``, ``Lion(...)``) → the same line right after it;
+- a model no optimizer names (manual SGD on ``p.data``), found from the loss it computes → prepared
+  where it is built: ``model = rt.prepare(Net())``, ``self.model = rt.prepare(model.to(gpu))``.
+
+Reported, not rewritten (a note with the line, and no ``Launch:`` line): a backward pass whose
+model cannot be found, and a loss computed by a model's method rather than its forward (DDP only
+averages the gradients of a forward through the model itself).
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from distify.analysis.names import dotted_name
+from distify.analysis.training import BuildSite
+from distify.convert.base import TransformerBase
+from distify.convert.syntax import _code, _is_rt_prepare, _shift_continuations
+
+
+def _dotted_target(node: cst.BaseExpression) -> str | None:
+    """``model`` or ``self.model`` (as the analysis names them), else None."""
+    name = dotted_name(node)
+    if name is None or name.count(".") > (1 if name.startswith("self.") else 0):
+        return None
+    return name
+
+
+class ModelMixin(TransformerBase):
+    # ---------------------------------------------------------------- assignments, in order
+    def _count_assignment(self, target: cst.BaseExpression) -> None:
+        """Number each assignment to a name per scope, as the analysis does."""
+        if isinstance(target, (cst.Tuple, cst.List)):
+            for element in target.elements:
+                if not isinstance(element, cst.StarredElement):
+                    self._count_assignment(element.value)
+            return
+        name = _dotted_target(target)
+        if name is None:
+            return
+        key = (tuple(self._path), name)
+        index = self._assignments.get(key, 0)
+        self._assignments[key] = index + 1
+        if self._built:
+            self._built[-1].append((name, index))
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        if node.value is not None:
+            self._count_assignment(node.target)
+
+    # ---------------------------------------------------------------- optimizers
+    def _optimizer_models(self, target: str) -> list[str]:
+        """The models the analysis found for the optimizer assigned to ``target`` here."""
+        return list(self.facts.training.optimizer_models.get(tuple(self._path), {})
+                    .get(target, ()))
+
+    def _statement_target(self) -> str:
+        """The dotted target of the statement being rewritten, or ``""`` (a ``return``)."""
+        return self._statement_target_of(self._statements[-1]) if self._statements else ""
+
+    def _models_to_prepare(self, original: cst.SimpleStatementLine,
+                           updated: cst.SimpleStatementLine, pending: list[str]) -> list[str]:
+        """Models to prepare beside this statement: those of a known optimizer (``pending``),
+        or those of an optimizer built by a call the rules do not know."""
+        if pending:
+            return pending
+        target = self._statement_target_of(original)
+        if not target:
+            return []
+        models = [m for m in self._optimizer_models(target)
+                  if m not in self._scope.prepared_models]
+        self._scope.prepared_models.update(models)
+        return models
+
+    def _statement_target_of(self, stmt: cst.SimpleStatementLine) -> str:
+        """``model``/``self.model`` for ``X = ...`` (one target), else ``""``."""
+        body = stmt.body
+        if len(body) == 1 and isinstance(body[0], cst.Assign) and len(body[0].targets) == 1:
+            return _dotted_target(body[0].targets[0].target) or ""
+        return ""
+
+    # ---------------------------------------------------------------- models built here
+    def _prepare_built(self, updated: cst.SimpleStatementLine,
+                       built: list[tuple[str, int]]) -> cst.SimpleStatementLine | None:
+        """``model = Net()`` → ``model = rt.prepare(Net())`` when this is where a model that only
+        a backward pass reaches is built (its last assignment in the scope)."""
+        sites = self.facts.training.build_sites
+        path = tuple(self._path)
+        for name, index in built:
+            if BuildSite(path, name, index) not in sites or name in self._scope.prepared_models:
+                continue
+            self._scope.prepared_models.add(name)
+            body = updated.body
+            assign = body[0] if len(body) == 1 else None
+            if isinstance(assign, cst.Assign) and len(assign.targets) == 1 \
+                    and not isinstance(assign.value, cst.Tuple) \
+                    and not (isinstance(assign.value, cst.Call)
+                             and _is_rt_prepare(assign.value, self.rt)):
+                call = self._rt_call("prepare", _shift_continuations(
+                    assign.value, len(f"{self.rt}.prepare(")) if isinstance(
+                        assign.value, cst.Call) else assign.value)
+                new = updated.with_changes(body=[assign.with_changes(value=call)])
+                self._edit(call, "prepare-model", f"`{name}` prepared where it is built: moved "
+                           "to the device and wrapped in DDP when running on several processes "
+                           "(found from the loss it computes)")
+                return new
+            line = cst.SimpleStatementLine(body=[cst.Assign(
+                targets=[cst.AssignTarget(cst.parse_expression(name))],
+                value=self._rt_call("prepare", cst.parse_expression(name)))])
+            self._edit(line, "prepare-model", f"`{name}` prepared where it is built (found from "
+                       "the loss it computes)")
+            self._after.append(line)
+        return None
+
+    # ---------------------------------------------------------------- backward passes
+    def _note_backward(self, node: cst.CSTNode) -> None:
+        """Report a backward pass whose model the analysis could not find."""
+        path = tuple(self._path)
+        ordinal = self._backwards.get(path, 0)
+        self._backwards[path] = ordinal + 1
+        training = self.facts.training
+        method = training.method_losses.get(path, {}).get(ordinal)
+        if method is not None:
+            self._edit(node, "model", f"this loss comes from `{method}`, a method of the model, "
+                       "not its forward: DDP averages only the gradients of a call of the model "
+                       "itself (`model(...)`), so call the model, or move that code into its "
+                       "forward", human=True)
+        elif ordinal in training.unresolved.get(path, ()):
+            self._edit(node, "model", "cannot tell which model computes this loss, so it may "
+                       f"not be prepared: prepare it with `model = {self.rt}.prepare(model)` "
+                       "where it is built (at run time distify stops a job whose loss does not "
+                       "come from a prepared model)", human=True)
+
+    def _join_prepare(self, stmt: cst.SimpleStatementLine,
+                      models: list[str]) -> list[cst.SimpleStatementLine] | None:
+        """``optimizer = make(model)`` → that, then ``model, optimizer = rt.prepare(model,
+        optimizer)`` (an optimizer the rules do not know, built by a call)."""
+        target = self._statement_target_of(stmt)
+        value = stmt.body[0].value if target else None
+        if not target or (isinstance(value, cst.Call) and _is_rt_prepare(value, self.rt)):
+            return None
+        names = [cst.parse_expression(n) for n in (*models, target)]
+        line = cst.SimpleStatementLine(body=[cst.Assign(
+            targets=[cst.AssignTarget(cst.Tuple([cst.Element(n) for n in names],
+                                                lpar=[], rpar=[]))],
+            value=self._rt_call("prepare", *[n.deep_clone() for n in names]))])
+        callee = _code(value.func) if isinstance(value, cst.Call) else "a call"
+        plural = "s" if len(models) > 1 else ""
+        self._edit(line, "prepare-model", f"{', '.join(f'`{m}`' for m in models)} and the "
+                   f"optimizer built by {callee}(...) prepared: the model{plural} moved to the "
+                   "device and wrapped in DDP when running on several processes")
+        return [stmt, line]
