@@ -66,6 +66,14 @@ class NodeSet:
         return bool(self._nodes)
 
 
+def _is_count_up(value: cst.BaseExpression, names: list[str]) -> bool:
+    """``step = step + 1``: a counter, equal on every process (not data-dependent)."""
+    return (len(names) == 1 and isinstance(value, cst.BinaryOperation)
+            and isinstance(value.operator, (cst.Add, cst.Subtract))
+            and isinstance(value.left, cst.Name) and value.left.value == names[0]
+            and isinstance(value.right, (cst.Integer, cst.Float)))
+
+
 class TransformerBase(cst.CSTTransformer):
     """Bookkeeping shared by the rewrite mixins; ``rt`` is the runtime's local name."""
 
@@ -259,7 +267,7 @@ class TransformerBase(cst.CSTTransformer):
                 for elem, val in zip(target.target.elements, value.elements):
                     if isinstance(elem.value, cst.Name) and _is_zero(val.value):
                         self._scope.zero_inits.add(elem.value.value)
-        if self._loops:
+        if self._loops and not _is_count_up(value, names):
             for name in names:
                 self._loops[-1].assigned.add(name)
         for target in node.targets:

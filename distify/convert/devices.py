@@ -1,9 +1,17 @@
 """Rewrites of single-device code: every process uses its own device, ``rt.device()``.
 
-``torch.device("cuda" ...)``, ``"cuda" if ... else "cpu"``,
-``torch.accelerator.current_accelerator()``
-→ ``rt.device()``; ``x.cuda()`` and ``x.to("cuda:0")`` → ``x.to(rt.device())``; device pinning
-(``torch.cuda.set_device``) is removed, with an ``if`` that held nothing else. ``"cpu"`` stays.
+``torch.device("cuda" ...)``, ``torch.accelerator.current_accelerator()``, ``0 if ... else
+"cpu"`` → ``rt.device()``; ``x.cuda()``, ``x.to("cuda:0")``, ``x.to(0)`` and ``x.to(gpu_id)`` →
+``x.to(rt.device())``; an int GPU index kept in a setting (``device = 0``, ``gpu_id = 0``) →
+``rt.device()``; device pinning (``torch.cuda.set_device``) is removed, with an ``if`` that held
+nothing else. ``"cpu"`` stays.
+
+A device *name* stays a name: ``"cuda" if ... else "cpu"``, ``device = "cuda:0"`` in module-level
+settings, a config field or dict entry ``"device": "cuda"`` → ``rt.device().type``. The runtime
+makes this process's GPU the current one, so ``"cuda"`` means it for ``.to()``, ``torch.device``
+and ``device=``; and what the script does with the string keeps its meaning on every process:
+``if device == "cuda":`` (DataParallel, ``cudnn.benchmark``) is still true on a GPU, ``"cuda" in
+device`` still works, ``torch.autocast(device_type=device)`` still gets a string.
 """
 
 from __future__ import annotations
@@ -12,7 +20,26 @@ import libcst as cst
 
 from distify.analysis.names import dotted_name
 from distify.convert.base import TransformerBase
-from distify.convert.syntax import _is_cpu, _is_device_string, _literal_args, _selects_accelerator
+from distify.convert.syntax import (
+    _is_cpu,
+    _is_device_string,
+    _literal_args,
+    _selects_accelerator,
+)
+
+#: names that hold a device (a name, or an int GPU index) in real scripts' settings
+_DEVICE_SETTINGS = {"device", "dev", "device_name", "device_type_name"}
+_GPU_INDEXES = {"gpu", "gpu_id", "gpuid", "device_id", "gpu_index", "device_index", "cuda_id",
+                "cuda_device", "gpu_num"}
+
+
+def _last_name(node: cst.BaseExpression) -> str:
+    name = dotted_name(node) or ""
+    return name.rsplit(".", 1)[-1].lower()
+
+
+def _is_int(node: cst.BaseExpression) -> bool:
+    return isinstance(node, cst.Integer)
 
 
 class DeviceMixin(TransformerBase):
@@ -37,12 +64,58 @@ class DeviceMixin(TransformerBase):
                                        args=[cst.Arg(self._rt_call("device"))])
             self._edit(new, "device", ".cuda() → .to(device): each process uses its own device")
             return new
-        if method == "to" and updated.args and _is_device_string(updated.args[0].value):
+        if method == "to" and updated.args and _is_gpu(updated.args[0]):
             first = updated.args[0].with_changes(value=self._rt_call("device"))
             new = updated.with_changes(args=[first, *updated.args[1:]])
             self._edit(new, "device", "each process uses its own device")
             return new
         return None
+
+    def _device_name(self, value: cst.BaseExpression) -> cst.BaseExpression | None:
+        """A device setting's new value: ``rt.device().type`` for a name (``"cuda:0"``),
+        ``rt.device()`` for a GPU index (``0``); None for anything else."""
+        if _is_device_string(value):
+            new = cst.Attribute(value=self._rt_call("device"), attr=cst.Name("type"))
+            self._edit(new, "device", "each process uses its own device: the name stays a "
+                       "name ('cuda' is this process's GPU)")
+            return new
+        return None
+
+    def leave_Assign(self, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
+        """``device = "cuda:0"`` → ``device = rt.device().type``; ``gpu_id = 0`` →
+        ``gpu_id = rt.device()`` (a setting read by ``.to(...)`` elsewhere)."""
+        if len(updated.targets) != 1:
+            return updated
+        name = _last_name(updated.targets[0].target)
+        return self._setting(updated, name)
+
+    def leave_AnnAssign(self, original: cst.AnnAssign, updated: cst.AnnAssign) -> cst.AnnAssign:
+        """``device: str = "cuda"`` in a config class, as an assignment."""
+        if updated.value is None:
+            return updated
+        return self._setting(updated, _last_name(updated.target))
+
+    def _setting(self, node, name: str):
+        value = node.value
+        if name in _DEVICE_SETTINGS:
+            new = self._device_name(value)
+            return node if new is None else node.with_changes(value=new)
+        if (name in _GPU_INDEXES or name in _DEVICE_SETTINGS) and _is_int(value):
+            new = self._rt_call("device")
+            self._edit(new, "device", f"`{name}` was GPU {value.value}: each process uses its "
+                       "own device")
+            return node.with_changes(value=new)
+        return node
+
+    def leave_DictElement(self, original: cst.DictElement,
+                          updated: cst.DictElement) -> cst.DictElement:
+        """``{"device": "cuda:0", ...}`` (a config dict) → ``{"device": rt.device().type}``."""
+        key = updated.key
+        if isinstance(key, cst.SimpleString) and key.evaluated_value in _DEVICE_SETTINGS:
+            new = self._device_name(updated.value)
+            if new is not None:
+                return updated.with_changes(value=new)
+        return updated
 
     def leave_Arg(self, original: cst.Arg, updated: cst.Arg) -> cst.Arg:
         """``torch.zeros(3, device="cuda:0")`` → ``device=rt.device()``."""
@@ -70,8 +143,24 @@ class DeviceMixin(TransformerBase):
     def leave_IfExp(self, original: cst.IfExp, updated: cst.IfExp) -> cst.BaseExpression:
         """``"cuda" if cond else "cpu"`` → ``rt.device()``."""
         branches = (original.body, original.orelse)
-        if any(_is_device_string(b) for b in branches) and any(_is_cpu(b) for b in branches):
+        if not any(_is_cpu(b) for b in branches):
+            return updated
+        if any(_is_device_string(b) for b in branches):  # a device name: it stays a name
+            new = cst.Attribute(value=self._rt_call("device"), attr=cst.Name("type"))
+            self._edit(new, "device", "each process uses its own device: the name stays a "
+                       "name ('cuda' is this process's GPU)")
+            return new
+        if any(_is_int(b) for b in branches):  # `0 if torch.cuda.is_available() else "cpu"`
             new = self._rt_call("device")
             self._edit(new, "device", "each process uses its own device")
             return new
         return updated
+
+
+def _is_gpu(arg: cst.Arg) -> bool:
+    """``.to("cuda:0")``, ``.to(0)``, ``.to(gpu_id)``, ``.to(args.gpu)``: one fixed GPU."""
+    if arg.keyword is not None or arg.star:
+        return False
+    value = arg.value
+    return _is_device_string(value) or _is_int(value) or (
+        isinstance(value, (cst.Name, cst.Attribute)) and _last_name(value) in _GPU_INDEXES)

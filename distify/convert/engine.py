@@ -58,6 +58,12 @@ class FileResult:
     def changed(self) -> bool:
         return self.output != self.source
 
+    @property
+    def ready(self) -> bool:
+        """False when a model that trains may not be prepared (a ``model`` note): launched as it
+        is, the job would stop with an error, or train each process on its own."""
+        return not any(note.kind == "model" for note in self.notes)
+
 
 def convert_source(source: bytes, path: str = "<string>", rules: RuleSet | None = None,
                    runtime_module: str = "distify.runtime") -> FileResult:

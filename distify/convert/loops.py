@@ -108,8 +108,10 @@ class LoopMixin(TransformerBase):
         if not self._loops or not isinstance(node.target, cst.Name):
             return
         name = node.target.value
+        counter = isinstance(node.value, (cst.Integer, cst.Float))  # `iter_num += 1`
         for loop in self._loops:
-            loop.assigned.add(name)
+            if not counter:  # a step counter is equal on every process: not data-dependent
+                loop.assigned.add(name)
             if (isinstance(node.operator, cst.AddAssign) and name in self._scope.zero_inits
                     and name not in loop.accumulators):
                 loop.accumulators.append(name)

@@ -71,7 +71,11 @@ def text_report(result: FileResult, output_name: str, *, launch_hint: str | None
         lines.append(f"Batch size: {sizes} is now per process; on N processes the global batch "
                      "is N × that (scale the learning rate if you need to).")
     if launch_hint and result.status == "converted":
-        lines.append(f"Launch: {launch_hint}")
+        if result.ready:
+            lines.append(f"Launch: {launch_hint}")
+        else:
+            lines.append("Not ready to launch: a model that trains may not be prepared (see the "
+                         f"notes above). Once it is: {launch_hint}")
     return "\n".join(lines)
 
 
@@ -86,8 +90,11 @@ def json_report(results: Iterable[tuple[FileResult, str]], *, launch_hint: str |
             "changes": [_item(i) for i in result.changes],
             "needs_human": [_item(i) for i in result.notes],
             "batch_sizes": list(result.batch_sizes),
+            "ready": result.ready,
         })
-    return json.dumps({"files": files, "launch": launch_hint}, indent=2)
+    ready = all(f["ready"] for f in files)
+    return json.dumps({"files": files, "ready": ready, "launch": launch_hint if ready else None},
+                      indent=2)
 
 
 def _item(item) -> dict:
