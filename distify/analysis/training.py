@@ -218,9 +218,10 @@ class _Flow:
             return True
         if hops >= _MAX_HOPS:
             return False
-        if any(self._builds_model(scope, value, hops) for value in self._values(scope, name)):
-            return True
         owner = self._owner(scope, name)
+        if owner is not None and any(self._builds_model(owner, value, hops)
+                                     for value in owner.assigns.get(name, ())):
+            return True
         if owner is not None and name in owner.params and name not in owner.assigns:
             return any(self.is_model(caller, passed, hops + 1)
                        for caller, arg in self._arguments_for(owner, name)
@@ -295,10 +296,6 @@ class _Flow:
 
     def _class_of(self, scope: _Scope) -> Scope:
         return scope.path[:-1] if scope.path[:-1] in self.c.classes.values() else scope.path
-
-    def _values(self, scope: _Scope, name: str) -> list[ast.expr]:
-        owner = self._owner(scope, name)
-        return owner.assigns.get(name, []) if owner else []
 
     def _owner(self, scope: _Scope, name: str) -> _Scope | None:
         """The scope whose assignments bind ``name`` as seen from ``scope``."""

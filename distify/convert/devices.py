@@ -97,7 +97,7 @@ class DeviceMixin(TransformerBase):
 
     def _setting(self, node, name: str):
         value = node.value
-        if name in _DEVICE_SETTINGS:
+        if name in _DEVICE_SETTINGS and not _is_int(value):
             new = self._device_name(value)
             return node if new is None else node.with_changes(value=new)
         if (name in _GPU_INDEXES or name in _DEVICE_SETTINGS) and _is_int(value):

@@ -16,7 +16,7 @@ What it rewrites (each rewrite is recorded as a :class:`Edit` for the report):
   progress bars, logging, dataset downloads, run timestamps, gradient clipping, and random
   splits of the data set (drawn from the main process's generator on every process).
 
-Each family lives in its own mixin: :mod:`.prepare`, :mod:`.devices`, :mod:`.loops`,
+Each family lives in its own mixin: :mod:`.models`, :mod:`.prepare`, :mod:`.devices`, :mod:`.loops`,
 :mod:`.side_effects` and :mod:`.randomness` (their docstrings list their rewrites);
 :mod:`.base` holds the shared state, :mod:`.syntax` the node helpers.
 
@@ -41,8 +41,8 @@ from distify.convert.side_effects import SideEffectMixin
 __all__ = ["DistifyTransformer", "Edit"]
 
 
-class DistifyTransformer(ModelMixin, PrepareMixin, DeviceMixin, LoopMixin, SideEffectMixin, RandomnessMixin,
-                         TransformerBase):
+class DistifyTransformer(ModelMixin, PrepareMixin, DeviceMixin, LoopMixin, SideEffectMixin,
+                         RandomnessMixin, TransformerBase):
     """Rewrites one module in one pass. Each mixin owns one family of rewrites; this class
     dispatches calls and statements to them."""
 
