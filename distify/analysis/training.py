@@ -38,6 +38,7 @@ _MODEL_METHODS = {"train", "eval", "parameters", "named_parameters", "modules", 
 _PARAM_METHODS = {"parameters", "named_parameters"}
 #: calls whose result is their first argument, prepared or compiled
 _MODEL_PASSTHROUGH = ("torch.compile", "torch.nn.DataParallel", "torch.nn.parallel.DataParallel")
+_MOVES = ("to", "cuda", "cpu", "float", "double", "half", "bfloat16", "train")
 _MAX_HOPS = 3  # a model passed down this many calls within the file is still followed
 
 
@@ -73,6 +74,10 @@ class _Scope:
     params: list[str] = field(default_factory=list)
     #: dotted target → the values assigned to it, in source order
     assigns: dict[str, list[ast.expr]] = field(default_factory=dict)
+    #: dotted target → for each of its assignments, its position in an unpacked tuple (or None)
+    unpacked: dict[str, list[int | None]] = field(default_factory=dict)
+    #: the expressions the function returns
+    returns: list[ast.expr] = field(default_factory=list)
     #: receivers of ``.backward()``, in source order
     backwards: list[ast.expr] = field(default_factory=list)
     #: dotted names with a method called on them → those methods
@@ -157,17 +162,19 @@ class _Collector(ast.NodeVisitor):
         name = dotted(node.target)
         if name is not None:  # `loss += criterion(out, y)`: the new value depends on both
             self.scope.assigns.setdefault(name, []).append(node.value)
+            self.scope.unpacked.setdefault(name, []).append(None)
         self.generic_visit(node)
 
-    def _assign(self, target: ast.expr, value: ast.expr) -> None:
+    def _assign(self, target: ast.expr, value: ast.expr, position: int | None = None) -> None:
         if isinstance(target, (ast.Tuple, ast.List)):
-            for elem in target.elts:  # `logits, loss = model(x, y)`: each depends on the call
-                self._assign(elem, value)
+            for index, elem in enumerate(target.elts):  # `logits, loss = model(x, y)`
+                self._assign(elem, value, index)  # each depends on the whole call
             return
         name = dotted(target)
         if name is None:
             return
         self.scope.assigns.setdefault(name, []).append(value)
+        self.scope.unpacked.setdefault(name, []).append(position)
         if isinstance(value, ast.Call) and self._is_known_optimizer(value):
             self.scope.known_optimizers.append((name, value))
 
@@ -175,6 +182,8 @@ class _Collector(ast.NodeVisitor):
         return self.rules.match("optimizers", self.imports.ast_qualname(call.func)) is not None
 
     def visit_Return(self, node: ast.Return) -> None:
+        if node.value is not None:
+            self.scope.returns.append(node.value)
         if isinstance(node.value, ast.Call) and self._is_known_optimizer(node.value):
             self.scope.known_optimizers.append(("", node.value))
         self.generic_visit(node)
@@ -229,14 +238,15 @@ class _Flow:
         return False
 
     def _builds_model(self, scope: _Scope, value: ast.expr, hops: int) -> bool:
-        while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) \
-                and value.func.attr in ("to", "cuda", "cpu", "float", "double", "half"):
-            value = value.func.value  # `Net().to(device)`
+        value = _moved(value)  # `Net().to(device)`
         name = dotted(value)
         if name is not None:  # `self.model = model.to(gpu_id)`
             return self.is_model(scope, name, hops + 1)
         if not isinstance(value, ast.Call):
             return False
+        if any(self.is_model(function, returned, hops + 1)
+               for function, returned in self._returned(value, None)):
+            return True  # `model, optimizer = load_train_objs()`
         qual = self.imports.ast_qualname(value.func) or ""
         if qual.split(".")[-1] in self.c.model_classes or qual.endswith(".from_pretrained"):
             return True
@@ -382,6 +392,47 @@ class _Flow:
         return "zero_grad" in methods or "optim" in short or short.startswith("opt") \
             or name in scope.scaler_steps
 
+    def _returned(self, call: ast.Call, position: int | None) -> Iterator[tuple[_Scope, str]]:
+        """(function scope, name) for each name a local function called by ``call`` returns
+        (at ``position`` of a returned tuple, or any element when None)."""
+        callee = call.func.id if isinstance(call.func, ast.Name) else None
+        for path in self.c.functions.get(callee or "", ()):
+            function = self.scopes[path]
+            for returned in function.returns:
+                elements = returned.elts if isinstance(returned, ast.Tuple) else [returned]
+                if isinstance(returned, ast.Tuple) and position is not None:
+                    elements = elements[position:position + 1]
+                for element in elements:
+                    if (name := dotted(element)) is not None:
+                        yield function, name
+
+    def origin(self, scope: _Scope, name: str, hops: int = 0) -> tuple[Scope, str]:
+        """The (scope, name) a model was first built under: through ``x = y.to(device)``,
+        parameters (to their callers' arguments) and values returned by local functions, so two
+        names of one model are recognised as one."""
+        owner = self._owner(scope, name)
+        if owner is None:
+            return scope.path, name
+        here = owner.path, name
+        if hops >= _MAX_HOPS:
+            return here
+        values = owner.assigns.get(name)
+        if values:
+            value = _moved(values[-1])
+            inner = dotted(value)
+            if inner is not None and inner != name:
+                return self.origin(owner, inner, hops + 1)
+            if isinstance(value, ast.Call):
+                position = owner.unpacked[name][-1]
+                for function, returned in self._returned(value, position):
+                    return self.origin(function, returned, hops + 1)
+            return here
+        if name in owner.params:
+            for caller, arg in self._arguments_for(owner, name):
+                if (passed := dotted(arg)) is not None:
+                    return self.origin(caller, passed, hops + 1)
+        return here
+
     # ------------------------------------------------------------------ where built
     def build_site(self, scope: _Scope, name: str, hops: int = 0) -> BuildSite | None:
         """Where ``name`` (seen from ``scope``) is built: its last assignment in the scope that
@@ -421,6 +472,14 @@ class _Flow:
                     yield scope, call.args[position]
 
 
+def _moved(value: ast.expr) -> ast.expr:
+    """``model.to(device)`` → ``model``: the same module, moved or cast."""
+    while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) \
+            and value.func.attr in _MOVES:
+        value = value.func.value
+    return value
+
+
 def _arguments(call: ast.Call) -> Iterator[ast.expr]:
     for arg in call.args:
         yield arg.value if isinstance(arg, ast.Starred) else arg
@@ -456,33 +515,39 @@ def analyse_training(tree: ast.Module, imports: ImportMap, rules: RuleSet,
             if models:
                 optimizers[target] = models
         for models in optimizers.values():
-            covered.update((_owner_path(flow, scope, m), m) for m in models)
+            covered.update(flow.origin(scope, m) for m in models)
     for scope in collector.scopes.values():
         for ordinal, loss in enumerate(scope.backwards):
             training.trains = True
             models, method = flow.models_of_loss(scope, loss)
             if method is not None:
                 training.method_losses.setdefault(scope.path, {})[ordinal] = method
-            if not models:
+            if not models and not _steps_a_known_optimizer(flow, training, scope):
                 training.unresolved.setdefault(scope.path, set()).add(ordinal)
             for model in models:
-                if (_owner_path(flow, scope, model), model) in covered:
+                origin = flow.origin(scope, model)
+                if origin in covered:
                     continue
                 site = flow.build_site(scope, model)
                 if site is None:
                     training.unresolved.setdefault(scope.path, set()).add(ordinal)
-                elif site not in training.build_sites and not _covered_site(site, covered):
+                elif site not in training.build_sites:
                     training.build_sites.append(site)
+                    covered.add(origin)
     return training
 
 
-def _covered_site(site: BuildSite, covered: set[tuple[Scope, str]]) -> bool:
-    return (site.scope, site.name) in covered
-
-
-def _owner_path(flow: _Flow, scope: _Scope, name: str) -> Scope:
-    owner = flow._owner(scope, name)
-    return owner.path if owner is not None else scope.path
+def _steps_a_known_optimizer(flow: _Flow, training: Training, scope: _Scope) -> bool:
+    """Does ``scope`` step an optimizer whose models are known (and so prepared)? Then a loss
+    the analysis cannot follow (through lists, attributes of other objects) still trains them:
+    ``policy_loss = torch.cat(policy.saved_log_probs).sum(); policy_loss.backward();
+    optimizer.step()``."""
+    for name, methods in scope.methods.items():
+        if "step" in methods:
+            path, origin = flow.origin(scope, name)
+            if training.optimizer_models.get(path, {}).get(origin):
+                return True
+    return False
 
 
 def _unknown_optimizer_models(flow: _Flow, scope: _Scope, value: ast.expr) -> list[str]:
