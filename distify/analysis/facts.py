@@ -12,7 +12,7 @@ import warnings
 from dataclasses import dataclass, field
 
 from distify.analysis.names import ImportMap
-from distify.analysis.training import Training, analyse_training
+from distify.analysis.training import Training, analyse, collect
 from distify.errors import UserError
 from distify.rules import RuleSet
 
@@ -76,13 +76,16 @@ def _character_column(err: SyntaxError) -> int:
 
 
 def gather_facts(tree: ast.Module, source: bytes, rules: RuleSet) -> FileFacts:
-    """Collect :class:`FileFacts` in one walk of ``tree``."""
+    """Collect :class:`FileFacts` in one walk of ``tree`` (shared with the training analysis
+    when the file may train)."""
     facts = FileFacts(imports=ImportMap.from_ast(tree))
     check_markers = any(hint.encode() in source for hint in _MARKER_HINTS)
     seed_names = ({name.rsplit(".", 1)[-1] for name in rules.names("seeds")}
                   if b"seed" in source else set())
     classes: list[ast.ClassDef] = []
-    for node in ast.walk(tree):
+    trains = b"backward" in source or b"optim" in source or b".step(" in source
+
+    def each(node: ast.AST) -> None:
         if isinstance(node, ast.Name):
             facts.names.add(node.id)
             if not isinstance(node.ctx, ast.Load):
@@ -105,16 +108,22 @@ def gather_facts(tree: ast.Module, source: bytes, rules: RuleSet) -> FileFacts:
             facts.names.update(node.names)
         elif seed_names and isinstance(node, ast.Call) and not facts.seeds \
                 and _last_name(node.func) in seed_names:
-            facts.seeds = rules.match("seeds", facts.imports.ast_qualname(node.func)) is not None
+            facts.seeds = rules.match("seeds",
+                                      facts.imports.ast_qualname(node.func)) is not None
         if check_markers and facts.distributed is None:
             facts.distributed = _marker(node, facts.imports, rules)
+
+    collected = collect(tree, facts.imports, rules, each) if trains else None
+    if collected is None:
+        for node in ast.walk(tree):
+            each(node)
     facts.names.update(facts.imports.aliases)
     facts.bound.update(facts.imports.aliases)
     facts.model_classes = _model_classes(classes, facts.imports, rules)
     facts.longest_line = max((len(line) for line in
                               source.decode("utf-8", errors="replace").splitlines()), default=0)
-    if b"backward" in source or b"optim" in source or b".step(" in source:
-        facts.training = analyse_training(tree, facts.imports, rules, facts.model_classes)
+    if collected is not None:
+        facts.training = analyse(collected, facts.model_classes)
     facts.builds_loaders = any(name.rsplit(".", 1)[-1].encode() in source
                                for name in rules.names("dataloaders"))
     return facts
