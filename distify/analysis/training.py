@@ -220,11 +220,20 @@ class _Flow:
         self.scopes = collector.scopes
         self.imports, self.rules = collector.imports, collector.rules
         self._class_methods: dict[Scope, dict[str, set[str]]] = {}
+        self._models: dict[tuple[Scope, str], bool] = {}  # is_model answers (at hop 0)
 
     # ------------------------------------------------------------------ what is a model?
     def is_model(self, scope: _Scope, name: str, hops: int = 0) -> bool:
         """Does ``name`` (in ``scope``) behave like a module: a module-only method called on it
         (here or in a function it is passed to), or built by a model constructor?"""
+        if hops == 0:
+            key = (scope.path, name)
+            if key not in self._models:
+                self._models[key] = self._is_model(scope, name, 0)
+            return self._models[key]
+        return self._is_model(scope, name, hops)
+
+    def _is_model(self, scope: _Scope, name: str, hops: int) -> bool:
         short = name.split(".")[-1].lower()
         if "loss" in short or "criterion" in short:  # a loss module computes, it is not trained
             return False
@@ -388,11 +397,15 @@ class _Flow:
 
     def optimizer_like(self, scope: _Scope, name: str) -> bool:
         """Is ``name`` an optimizer: stepped, and zeroed or named like one?"""
-        methods = self.methods(scope, name)
-        if "step" not in methods and name not in scope.scaler_steps:
-            return False
         short = name.split(".")[-1].lower()
         if "sched" in short or short.startswith("lr"):
+            return False
+        named = "optim" in short or short.startswith("opt")
+        if not named and "step" not in scope.methods.get(name, ()) \
+                and name not in scope.scaler_steps:
+            return False  # cheap first: most names are neither named nor stepped here
+        methods = self.methods(scope, name)
+        if "step" not in methods and name not in scope.scaler_steps:
             return False
         return "zero_grad" in methods or "optim" in short or short.startswith("opt") \
             or name in scope.scaler_steps
