@@ -4,8 +4,10 @@ What it rewrites (each rewrite is recorded as a :class:`Edit` for the report):
 
 - DataLoader, optimizer and LR-scheduler constructions → wrapped in ``rt.prepare(...)``, wherever
   they are built (a function, module level, ``self.x = ...``, a ``return``);
-- the model(s) an optimizer trains (found from ``X.parameters()`` in the optimizer's arguments)
-  → ``model, optimizer = rt.prepare(model, optimizer)`` right after the optimizer is built;
+- the model(s) an optimizer trains (found by data flow: ``X.parameters()`` in its arguments or
+  in the grouped parameters built above, the receiver of ``model.configure_optimizers()``, a
+  model handed to a helper) → ``model, optimizer = rt.prepare(model, optimizer)`` right after
+  the optimizer is built; a model only the loss reaches → prepared where it is built;
 - single-device selection (``torch.device("cuda" ...)``, ``"cuda:0"``, ``.cuda()``,
   ``torch.accelerator.current_accelerator()``) → ``rt.device()``; device pinning removed;
 - ``X.backward(...)`` → ``rt.backward(X, ...)``; ``print`` → ``rt.print``; ``torch.save`` /
