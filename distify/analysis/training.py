@@ -454,12 +454,15 @@ class _Flow:
     # ------------------------------------------------------------------ where built
     def build_site(self, scope: _Scope, name: str, hops: int = 0) -> BuildSite | None:
         """Where ``name`` (seen from ``scope``) is built: its last assignment in the scope that
-        binds it, following a parameter to the arguments of its callers in the file."""
+        binds it and builds a model (not ``model = torch.load(f)`` of a test pass at the end),
+        following a parameter to the arguments of its callers in the file."""
         owner = self._owner(scope, name)
         if owner is None:
             return None
         if name in owner.assigns:
-            return BuildSite(owner.path, name, len(owner.assigns[name]) - 1)
+            values = owner.assigns[name]
+            building = [i for i, value in enumerate(values) if self._builds_model(owner, value, 0)]
+            return BuildSite(owner.path, name, building[-1] if building else len(values) - 1)
         if hops >= _MAX_HOPS or name not in owner.params:
             return None
         for caller, arg in self._arguments_for(owner, name):
