@@ -4,7 +4,8 @@
   saves a checkpoint with the same keys and the same values;
 - world size 2 under ``torchrun`` (Gloo, CPU) with half the per-process batch: the same global
   batches, so the results match the original within float tolerance, evaluation counts exactly,
-  and only one process prints and writes.
+  and only one process prints and writes; the ranks train on different batches and end with
+  bit-identical parameters.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def test_two_processes_match_the_original(name, originals, tmp_path) -> None:
     _, batch, ckpt = CASES[name]
     folder = _prepare(tmp_path, name, "converted")
     proc = run_torchrun(folder / "train.py", *_args(name, batch // 2), nproc=2, cwd=folder,
-                        env=_env())
+                        env=_env(), replicas=True, distinct_data=True)
     stdout, state = originals[name]
     # one writer: every line printed once, one checkpoint, no stray temporary files
     assert len(proc.stdout.splitlines()) == len(stdout.splitlines())
@@ -132,7 +133,9 @@ def test_an_unseeded_split_is_the_same_split_on_every_process(tmp_path) -> None:
         if nproc == 1:
             proc = run_python(folder / "train.py", "16", cwd=folder, env=_env())
         else:
-            proc = run_torchrun(folder / "train.py", "8", nproc=2, cwd=folder, env=_env())
+            # unseeded initialisation too: DDP starts every rank from rank 0's parameters
+            proc = run_torchrun(folder / "train.py", "8", nproc=2, cwd=folder, env=_env(),
+                                replicas=True, distinct_data=True)
         got = result_line(proc.stdout)
         assert (got["train_count"], got["val_count"]) == (90, 30)
         assert got["train_ids"] + got["val_ids"] == sum(range(120)), (nproc, got)

@@ -14,18 +14,21 @@ import sys
 
 import pytest
 
-from tests.helpers import FIXTURES, REPO, clean_env, free_port
+from tests.helpers import FIXTURES, REPO, check_replicas, clean_env, free_port, replicas_env
 
 pytest.importorskip("torch")
 
 RESUMABLE = FIXTURES / "launch" / "resumable.py"
 
 
-def _start(*args: str, cwd) -> subprocess.Popen:
+def _start(*args: str, cwd, replicas=None) -> subprocess.Popen:
+    """``replicas``: a folder where every rank records what it trained (see check_replicas)."""
     cmd = [sys.executable, "-m", "distify", "launch", "--cpu", *args]
-    return subprocess.Popen(cmd, cwd=cwd, env=clean_env(PYTHONPATH=str(REPO)), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
+    env = clean_env(PYTHONPATH=str(REPO))
+    if replicas is not None:
+        env = replicas_env(env, replicas)
+    return subprocess.Popen(cmd, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
 
 
 def _finish(proc: subprocess.Popen, timeout: float = 240) -> subprocess.CompletedProcess:
@@ -39,8 +42,8 @@ def _finish(proc: subprocess.Popen, timeout: float = 240) -> subprocess.Complete
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-def _launch(*args: str, cwd, timeout: float = 240) -> subprocess.CompletedProcess:
-    return _finish(_start(*args, cwd=cwd), timeout)
+def _launch(*args: str, cwd, timeout: float = 240, replicas=None) -> subprocess.CompletedProcess:
+    return _finish(_start(*args, cwd=cwd, replicas=replicas), timeout)
 
 
 def _final(stdout: str) -> dict:
@@ -67,8 +70,10 @@ def _has_final(stdout: str) -> bool:
 def uninterrupted(tmp_path_factory) -> dict:
     """The resumable job's result when nothing crashes (both restart tests compare with it)."""
     folder = tmp_path_factory.mktemp("uninterrupted")
-    clean = _launch("--num_processes", "2", str(RESUMABLE), str(folder), cwd=folder)
+    clean = _launch("--num_processes", "2", str(RESUMABLE), str(folder), cwd=folder,
+                    replicas=folder / "replicas")
     assert clean.returncode == 0, clean.stderr
+    check_replicas(folder / "replicas", 2, distinct_data=True, output=clean.stderr)
     return _final(clean.stdout)
 
 
@@ -84,9 +89,11 @@ def test_a_restarted_job_resumes_from_the_last_checkpoint(tmp_path, uninterrupte
     # Gloo on torch 2.13 sometimes fails to reconnect a restarted group; a restart budget of
     # 3 is what a real job would use, and the job must still resume from its checkpoint.
     proc = _launch("--num_processes", "2", "--max_restarts", "3", str(RESUMABLE),
-                   str(tmp_path), "2", cwd=tmp_path)
+                   str(tmp_path), "2", cwd=tmp_path, replicas=tmp_path / "replicas")
     assert proc.returncode == 0, proc.stderr
     _assert_resumed(proc.stdout, tmp_path, uninterrupted)
+    # the last attempt's ranks (their records replace the crashed attempt's) agree
+    check_replicas(tmp_path / "replicas", 2, distinct_data=True, output=proc.stderr)
 
 
 def test_a_restarted_two_machine_job_resumes_through_c10d_rendezvous(tmp_path,
@@ -97,7 +104,9 @@ def test_a_restarted_two_machine_job_resumes_through_c10d_rendezvous(tmp_path,
               "--main_process_port", str(free_port()), "--rdzv_backend", "c10d",
               "--max_restarts", "3"]
     agents = [_start(*common, "--machine_rank", str(rank), str(RESUMABLE), str(tmp_path), "2",
-                     cwd=tmp_path) for rank in (0, 1)]
+                     cwd=tmp_path, replicas=tmp_path / "replicas") for rank in (0, 1)]
     done = [_finish(agent) for agent in agents]
     assert [proc.returncode for proc in done] == [0, 0], "\n".join(p.stderr for p in done)
     _assert_resumed("".join(proc.stdout for proc in done), tmp_path, uninterrupted)
+    check_replicas(tmp_path / "replicas", 2, distinct_data=True,
+                   output="".join(proc.stderr for proc in done))

@@ -14,7 +14,8 @@ End to end, every runnable fixture and its conversion run once (concurrently, se
   writes the same files with the same values;
 - world size 2 under ``torchrun`` (Gloo, CPU) with half the per-process batch: the same global
   batches, so results match within float tolerance, evaluation counts exactly, and every file and
-  log line is written once.
+  log line is written once; the ranks train on different batches and end with bit-identical
+  parameters (``run_torchrun(replicas=True, distinct_data=True)``).
 
 To update the golden files after an intended converter change, run
 ``DISTIFY_UPDATE_GOLDEN=1 pytest tests/test_idioms.py -k golden`` and review the diff.
@@ -219,8 +220,10 @@ def _execute(name: str, variant: str, folder: Path) -> Run:
     try:
         for extra in ([], ["--resume"]) if case.resume else ([],):
             if variant == "two":
+                # every fixture trains on a sharded loader: each rank its own batches, and
+                # bit-identical parameters on both ranks at the end
                 proc = run_torchrun(folder / "train.py", *_args(case, True), *extra, nproc=2,
-                                    cwd=folder, env=env)
+                                    cwd=folder, env=env, replicas=True, distinct_data=True)
             else:
                 proc = run_python(folder / "train.py", *_args(case, False), *extra, cwd=folder,
                                   env=env)

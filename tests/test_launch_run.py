@@ -1,6 +1,8 @@
 """Real jobs: `distify launch` (and `accelerate launch` on a written config) on CPU with Gloo.
 
-Every run trains the same tiny model; its result must equal the single-process result.
+Every run trains the same tiny model; its result must equal the single-process result, and
+every rank must end with bit-identical parameters, having trained on its own batches
+(``replicas_env`` / ``check_replicas``).
 """
 
 from __future__ import annotations
@@ -16,7 +18,14 @@ import time
 import pytest
 
 from distify.launch.config import default_config, with_overrides, write_config
-from tests.helpers import FIXTURES, clean_env, free_port, run_python
+from tests.helpers import (
+    FIXTURES,
+    check_replicas,
+    clean_env,
+    free_port,
+    replicas_env,
+    run_python,
+)
 
 pytest.importorskip("torch", reason="real launches need torch")
 
@@ -26,10 +35,10 @@ EXITS = FIXTURES / "launch" / "exits.py"
 TIMEOUT = 180
 
 
-def distify_launch(*args: str, cwd) -> subprocess.Popen:
+def distify_launch(*args: str, cwd, env: dict | None = None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "distify", "launch", *args], cwd=cwd,
-                            env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            env=env or clean_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
 
 
 def finish(proc: subprocess.Popen) -> tuple[int, str, str]:
@@ -60,9 +69,12 @@ def assert_same_training(run: dict, single: dict) -> None:
 
 
 def test_two_processes_on_cpu(tmp_path, single):
+    replicas = tmp_path / "replicas"
     code, out, err = finish(distify_launch("--num_processes", "2", "--mixed_precision", "bf16",
-                                           str(TRAIN), "--", "--tag", "x y", cwd=tmp_path))
+                                           str(TRAIN), "--", "--tag", "x y", cwd=tmp_path,
+                                           env=replicas_env(None, replicas)))
     assert code == 0, err
+    check_replicas(replicas, 2, distinct_data=True, output=err)
     run = result(out, err)
     assert (run["world_size"], run["ranks"], run["args"]) == (2, [0, 1], ["--tag", "x y"])
     assert run["env"]["LOCAL_WORLD_SIZE"] == "2"
@@ -76,10 +88,13 @@ def test_two_processes_on_cpu(tmp_path, single):
 def test_two_machines_simulated_on_this_one(tmp_path, single, rdzv):
     common = ["--num_machines", "2", "--num_processes", "2", "--main_process_ip", "127.0.0.1",
               "--main_process_port", str(free_port()), "--rdzv_backend", rdzv]
-    machines = [distify_launch(*common, "--machine_rank", str(rank), str(TRAIN), cwd=tmp_path)
+    replicas = tmp_path / "replicas"  # both machines' ranks write here
+    machines = [distify_launch(*common, "--machine_rank", str(rank), str(TRAIN), cwd=tmp_path,
+                               env=replicas_env(None, replicas))
                 for rank in (1, 0)]
     (code1, out1, err1), (code0, out0, err0) = (finish(proc) for proc in machines)
     assert (code0, code1) == (0, 0), f"{err0}\n{err1}"
+    check_replicas(replicas, 2, distinct_data=True, output=err0 + err1)
     run = result(out0 + out1)
     assert (run["world_size"], run["ranks"], run["env"]["LOCAL_WORLD_SIZE"]) == (2, [0, 1], "1")
     assert_same_training(run, single)
@@ -92,12 +107,14 @@ def test_accelerate_launch_runs_a_written_config(tmp_path, single):
     cfg = with_overrides(default_config(num_processes=2, mixed_precision="fp16"),
                          main_process_port=free_port())
     write_config(cfg, tmp_path / "train_dist.yaml")
+    replicas = tmp_path / "replicas"
     proc = subprocess.Popen([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
                              str(tmp_path / "train_dist.yaml"), str(TRAIN)], cwd=tmp_path,
-                            env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            env=replicas_env(None, replicas), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     code, out, err = finish(proc)
     assert code == 0, err
+    check_replicas(replicas, 2, distinct_data=True, output=err)
     run = result(out, err)
     assert (run["world_size"], run["env"]["ACCELERATE_MIXED_PRECISION"]) == (2, "fp16")
     assert_same_training(run, single)
@@ -109,9 +126,12 @@ def test_converted_script_with_its_written_config(tmp_path):
     shutil.copy(FIXTURES / "launch" / "train_runtime.py", script)
     write_config(default_config(num_processes=2, mixed_precision="bf16"),
                  tmp_path / "train_dist.yaml")
-    code, out, err = finish(distify_launch("train_dist.py", cwd=tmp_path))
+    replicas = tmp_path / "replicas"
+    code, out, err = finish(distify_launch("train_dist.py", cwd=tmp_path,
+                                           env=replicas_env(None, replicas)))
     run = result(out, err)
     assert code == 0, err  # no worker aborts at exit: the runtime tears Gloo down cleanly
+    check_replicas(replicas, 2, distinct_data=True, output=err)
     assert (run["world_size"], run["device"], run["mixed_precision"]) == (2, "cpu", "bf16")
     # Both epochs covered every sample exactly once, across the two ranks.
     assert run["seen"] == [list(range(24))] * 2

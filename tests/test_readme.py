@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, clean_env
+from tests.helpers import REPO, check_replicas, clean_env, replicas_env
 
 README = (REPO / "README.md").read_text()
 
@@ -41,9 +41,12 @@ def test_the_main_job_runs_as_written(tmp_path: Path) -> None:
     bin_dir = str(Path(sys.executable).parent)  # where `distify` is installed
     env = clean_env(PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
                     PYTHONPATH=str(REPO))
-    proc = subprocess.run(["bash", "-c", f"set -e; {job}"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=600)
+    replicas = tmp_path / "replicas"  # what each of the 2 ranks trained
+    proc = subprocess.run(["bash", "-c", f"set -e; {job}"], cwd=tmp_path,
+                          env=replicas_env(env, replicas), capture_output=True, text=True,
+                          timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    check_replicas(replicas, 2, distinct_data=True, output=proc.stderr)
     assert "+    model, optimizer = distify.prepare(model, optimizer)" in proc.stdout
     results = re.findall(r"^Test set: Average loss", proc.stdout, re.MULTILINE)
     assert len(results) == 1  # one epoch, printed by one of the two processes

@@ -17,7 +17,8 @@ SAMPLES = 251
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("ddp_checks")
-    proc = run_torchrun(SCRIPT, str(out), nproc=2, cwd=out)
+    # the first training forward reads a sharded loader: each rank its own batch
+    proc = run_torchrun(SCRIPT, str(out), nproc=2, cwd=out, replicas=True, distinct_data=True)
     results: dict[str, list[dict]] = {}
     for rank in (0, 1):
         for line in (out / f"results-rank{rank}.jsonl").read_text().splitlines():

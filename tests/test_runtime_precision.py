@@ -33,7 +33,7 @@ def fp16(tmp_path_factory):
     out = tmp_path_factory.mktemp("fp16")
     # Accelerate's launcher variable works too (DISTIFY_MIXED_PRECISION would take precedence).
     run_torchrun(SCRIPT, str(out), nproc=2, cwd=out,
-                 env=clean_env(ACCELERATE_MIXED_PRECISION="fp16"))
+                 env=clean_env(ACCELERATE_MIXED_PRECISION="fp16"), replicas=True)
     return _results(out, [0, 1])
 
 

@@ -17,7 +17,8 @@ SCRIPT = REPO / "tests" / "runtime_scripts" / "train_compare.py"
 def _train(tmp_path_factory, name: str, *args: str, nproc: int = 0) -> tuple[dict, object]:
     out = tmp_path_factory.mktemp(name)
     if nproc:
-        proc = run_torchrun(SCRIPT, *args, "--out", str(out), nproc=nproc, cwd=out)
+        proc = run_torchrun(SCRIPT, *args, "--out", str(out), nproc=nproc, cwd=out,
+                            replicas=True, distinct_data=True)
     else:
         proc = run_python(SCRIPT, *args, "--out", str(out), cwd=out)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
