@@ -25,6 +25,7 @@ Examples:
   distify check train.py --diff              # show what --fix would change
   distify check . --select DST1 --ignore DST104
   distify check . --output-format sarif > distify.sarif
+  distify check --explain DST101             # a rule's full documentation and examples
 
 \b
 Exit status: 0 clean, 1 findings (or a file that does not parse), 2 usage or internal error.
@@ -52,8 +53,10 @@ Settings: [tool.distify.check] in pyproject.toml (select, ignore, extend-select,
 @click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False),
               help="pyproject.toml to read [tool.distify] from (default: the nearest one).")
 @click.option("--list-rules", is_flag=True, help="List the rules and exit.")
+@click.option("--explain", metavar="CODE",
+              help="Print a rule's documentation with its valid and invalid examples, and exit.")
 def check(paths, fix, diff, select, ignore, output_format, check_all, jobs, rule_packs,
-          config_path, list_rules) -> None:
+          config_path, list_rules, explain) -> None:
     """Lint distributed training scripts: side effects on every rank, hangs, and other pitfalls.
 
     PATHS are files and folders (default: the current folder). Files that never mention torch
@@ -68,6 +71,11 @@ def check(paths, fix, diff, select, ignore, output_format, check_all, jobs, rule
         from distify.lint.cli import rule_table
 
         click.echo(rule_table())
+        return
+    if explain:
+        from distify.lint.cli import explain_rule
+
+        click.echo(explain_rule(explain), nl=False)
         return
     ctx = click.get_current_context()
     request = CheckRequest(

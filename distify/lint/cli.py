@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import inspect
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from distify.errors import UserError
 from distify.lint.config import load_config
 from distify.lint.discovery import discover, prefilter
 from distify.lint.engine import LintOptions
@@ -119,3 +122,31 @@ def _plural(count: int, noun: str) -> str:
 def rule_table() -> str:
     """One line per rule: code and summary (``--list-rules``)."""
     return "\n".join(f"{code}  {REGISTRY[code].summary()}" for code in sorted(REGISTRY))
+
+
+def explain_rule(code: str) -> str:
+    """A rule's full documentation (``--explain``): its docstring, message and examples.
+
+    Raises:
+        UserError: no rule has that code (the message lists the known ones).
+    """
+    rule = REGISTRY.get(code.strip().upper())
+    if rule is None:
+        raise UserError(f"unknown rule code {code!r} (known: {', '.join(sorted(REGISTRY))})")
+    title, _, body = inspect.cleandoc(rule.__doc__ or rule.MESSAGE).partition("\n\n")
+    parts = [f"{rule.CODE}: {' '.join(title.split())}"]
+    if body:
+        parts.append(body)
+    parts.append(f"Message: {rule.MESSAGE}")
+    for example in rule.VALID:
+        parts.append("VALID (not reported):\n" + _indented(example.code))
+    for example in rule.INVALID:
+        where = f" at line {example.line}" if example.line else ""
+        parts.append(f"INVALID (reported{where}):\n" + _indented(example.code))
+        if example.fixed is not None:
+            parts.append("  after --fix:\n" + _indented(example.fixed))
+    return "\n\n".join(parts) + "\n"
+
+
+def _indented(code: str) -> str:
+    return textwrap.indent(code.rstrip("\n"), "    ")
