@@ -192,3 +192,45 @@ def flatten(obj, prefix: str = "") -> dict:
     for key, value in items:
         out.update(flatten(value, f"{prefix}{key}."))
     return out
+
+
+# ------------------------------------------------------------------ conversions and checkpoints
+
+
+def convert_project(source: Path, out: Path) -> None:
+    """``distify convert source -o out --no-config``, through the command line's code."""
+    from click.testing import CliRunner
+
+    from distify.cli import main
+
+    outcome = CliRunner().invoke(main, ["convert", str(source), "-o", str(out), "--no-config"])
+    assert outcome.exit_code == 0, outcome.output
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` (caches left out), relative path → bytes."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and "__pycache__" not in p.parts}
+
+
+def compare_state(got: dict, want: dict, *, exact: bool, rtol: float = 1e-3,
+                  atol: float = 1e-4, skip: tuple[str, ...] = ()) -> None:
+    """Two flattened checkpoints (:func:`flatten`): the same keys (no ``module.`` prefix gained
+    or lost), and the same values, bit for bit when ``exact``, else floats within tolerance.
+    ``skip``: keys whose values differ by design (say why where it is passed)."""
+    import pytest
+    import torch
+
+    assert got.keys() == want.keys()
+    for key, value in want.items():
+        if key in skip:
+            continue
+        if isinstance(value, torch.Tensor):
+            if exact or not value.is_floating_point():
+                assert torch.equal(got[key], value), key
+            else:
+                torch.testing.assert_close(got[key], value, rtol=rtol, atol=atol, msg=key)
+        elif isinstance(value, float) and not exact:
+            assert got[key] == pytest.approx(value, rel=rtol, abs=1e-6), key
+        else:
+            assert got[key] == value, key

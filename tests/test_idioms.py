@@ -32,18 +32,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from distify.cli import main
 from distify.convert.engine import convert_source
 from tests.helpers import (
     FIXTURES,
     REPO,
     clean_env,
+    compare_state,
+    convert_project,
     flatten,
     result_line,
     run_python,
     run_torchrun,
+    tree,
 )
 
 IDIOMS = FIXTURES / "idioms"
@@ -105,13 +106,7 @@ def test_report_names_each_idiom(name: str) -> None:
 
 
 def _convert_project(out: Path) -> None:
-    outcome = CliRunner().invoke(main, ["convert", str(PROJECT), "-o", str(out), "--no-config"])
-    assert outcome.exit_code == 0, outcome.output
-
-
-def _tree(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file() and "__pycache__" not in p.parts}
+    convert_project(PROJECT, out)
 
 
 def test_project_golden_output(tmp_path) -> None:
@@ -120,17 +115,15 @@ def test_project_golden_output(tmp_path) -> None:
     if UPDATE:
         shutil.rmtree(PROJECT_EXPECTED, ignore_errors=True)
         shutil.copytree(out, PROJECT_EXPECTED)
-    assert _tree(out) == _tree(PROJECT_EXPECTED)
+    assert tree(out) == tree(PROJECT_EXPECTED)
     # the model module has nothing to convert: it is copied as it is
     assert (out / "model.py").read_bytes() == (PROJECT / "model.py").read_bytes()
 
 
 def test_converting_the_converted_project_changes_nothing(tmp_path) -> None:
     out = tmp_path / "again"
-    outcome = CliRunner().invoke(main, ["convert", str(PROJECT_EXPECTED), "-o", str(out),
-                                        "--no-config"])
-    assert outcome.exit_code == 0, outcome.output
-    assert _tree(out) == _tree(PROJECT_EXPECTED)
+    convert_project(PROJECT_EXPECTED, out)
+    assert tree(out) == tree(PROJECT_EXPECTED)
 
 
 # ------------------------------------------------------------------------------- end to end
@@ -289,22 +282,6 @@ def _run_folder(folder: Path) -> Path:
     return found[0]
 
 
-def _compare_state(name: str, got: dict, want: dict, exact: bool) -> None:
-    import torch
-
-    assert got.keys() == want.keys()  # DataParallel's `module.` keys included
-    for key, value in want.items():
-        if isinstance(value, torch.Tensor):
-            if exact or not value.is_floating_point():
-                assert torch.equal(got[key], value), key
-            else:
-                torch.testing.assert_close(got[key], value, rtol=1e-3, atol=1e-4, msg=key)
-        elif isinstance(value, float) and not exact:
-            assert got[key] == pytest.approx(value, rel=1e-3, abs=1e-6), key
-        else:
-            assert got[key] == value, key
-
-
 def _written(run: Run) -> list[str]:
     """The files a run left behind, with the clock-named run folder replaced by ``RUN``."""
     names = []
@@ -325,8 +302,9 @@ def test_world_size_one_is_exactly_the_original(name, runs) -> None:
         assert got.stdout == want.stdout
     assert _written(converted) == _written(original)
     for relative in CHECKPOINTS[name]:
-        _compare_state(name, _state(_checkpoint(converted.folder, name, relative)),
-                       _state(_checkpoint(original.folder, name, relative)), exact=True)
+        # DataParallel's `module.` keys included
+        compare_state(_state(_checkpoint(converted.folder, name, relative)),
+                      _state(_checkpoint(original.folder, name, relative)), exact=True)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -339,8 +317,8 @@ def test_two_processes_match_the_original(name, runs) -> None:
         assert len(got.stdout.splitlines()) == len(want.stdout.splitlines())
     assert _written(two) == _written(original)
     for relative in CHECKPOINTS[name]:
-        _compare_state(name, _state(_checkpoint(two.folder, name, relative)),
-                       _state(_checkpoint(original.folder, name, relative)), exact=False)
+        compare_state(_state(_checkpoint(two.folder, name, relative)),
+                      _state(_checkpoint(original.folder, name, relative)), exact=False)
     got, want = result_line(two.procs[-1].stdout), result_line(original.procs[-1].stdout)
     METRICS[name](got, want, two, original)
 

@@ -32,18 +32,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from distify.cli import main
 from distify.convert.engine import convert_source
 from tests.helpers import (
     FIXTURES,
     REPO,
     clean_env,
+    compare_state,
+    convert_project,
     flatten,
     result_line,
     run_python,
     run_torchrun,
+    tree,
 )
 
 MODELS = FIXTURES / "models"
@@ -134,23 +135,13 @@ def test_converting_twice_changes_nothing(name: str) -> None:
     assert again.status == "already-distributed"
 
 
-def _convert_project(out: Path) -> None:
-    outcome = CliRunner().invoke(main, ["convert", str(PROJECT), "-o", str(out), "--no-config"])
-    assert outcome.exit_code == 0, outcome.output
-
-
-def _tree(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file() and "__pycache__" not in p.parts}
-
-
 def test_project_golden_output(tmp_path) -> None:
     out = tmp_path / "out"
-    _convert_project(out)
+    convert_project(PROJECT, out)
     if UPDATE:
         shutil.rmtree(PROJECT_EXPECTED, ignore_errors=True)
         shutil.copytree(out, PROJECT_EXPECTED)
-    assert _tree(out) == _tree(PROJECT_EXPECTED)
+    assert tree(out) == tree(PROJECT_EXPECTED)
     # the helper that builds the optimizer prepares the model it is given, and so does main.py
     assert "distify.prepare(model, optimizer)" in (out / "util.py").read_text()
     assert "model, optimizer = distify.prepare(model, optimizer)" in \
@@ -181,7 +172,7 @@ def _setup(root: Path, name: str, variant: str) -> tuple[Path, Path]:
         if variant == "original":
             shutil.copytree(PROJECT, folder, ignore=shutil.ignore_patterns("__pycache__"))
         else:
-            _convert_project(folder)
+            convert_project(PROJECT, folder)
         return folder, folder / "main.py"
     folder.mkdir(parents=True)
     suffix = "in" if variant == "original" else "out"
@@ -243,24 +234,6 @@ def _state(path: Path) -> dict:
     return flatten(loaded)
 
 
-def _compare(got: dict, want: dict, exact: bool, skip: tuple[str, ...] = ()) -> None:
-    import torch
-
-    assert got.keys() == want.keys()  # no `module.` prefix, nothing missing
-    for key, value in want.items():
-        if key in skip:
-            continue
-        if isinstance(value, torch.Tensor):
-            if exact or not value.is_floating_point():
-                assert torch.equal(got[key], value), key
-            else:
-                torch.testing.assert_close(got[key], value, rtol=2e-3, atol=2e-4, msg=key)
-        elif isinstance(value, float) and not exact:
-            assert got[key] == pytest.approx(value, rel=2e-3, abs=1e-6), key
-        else:
-            assert got[key] == value, key
-
-
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_world_size_one_is_exactly_the_original(name, runs) -> None:
     original = runs[name, "original"].check()
@@ -268,8 +241,8 @@ def test_world_size_one_is_exactly_the_original(name, runs) -> None:
     assert _output(converted.proc) == _output(original.proc)
     assert _files(converted.folder) == _files(original.folder)
     for relative in CASES[name].checkpoints:
-        _compare(_state(converted.folder / relative), _state(original.folder / relative),
-                 exact=True)
+        compare_state(_state(converted.folder / relative), _state(original.folder / relative),
+                      exact=True)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -287,8 +260,8 @@ def test_two_processes_train_one_model_on_different_data(name, runs) -> None:
     for key in case.close:
         assert got[key] == pytest.approx(want[key], rel=2e-3, abs=1e-5), key
     for relative in case.checkpoints if case.weights_close else ():
-        _compare(_state(two.folder / relative), _state(original.folder / relative), exact=False,
-                 skip=case.per_process)
+        compare_state(_state(two.folder / relative), _state(original.folder / relative),
+                      exact=False, rtol=2e-3, atol=2e-4, skip=case.per_process)
 
 
 @pytest.mark.xfail(strict=True, reason="issue 11: a per-process AverageMeter is not reduced, "
