@@ -9,13 +9,21 @@ import click
 
 from distify.convert.project import (
     STANDALONE_RUNTIME,
+    ConfigOutcome,
     Planned,
     convert_file,
     copy_runtime,
+    place_launch_config,
     plan_project,
     write_planned,
 )
-from distify.convert.report import colour_diff, json_report, text_report, unified_diff
+from distify.convert.report import (
+    colour_diff,
+    config_report,
+    json_report,
+    text_report,
+    unified_diff,
+)
 from distify.errors import UserError
 from distify.lint.config import load_config as load_project_config
 from distify.rules import load_rules
@@ -23,6 +31,7 @@ from distify.rules import load_rules
 EXAMPLES = """\b
 Examples:
   distify convert train.py -o train_dist.py   # writes train_dist.py + train_dist.yaml
+  distify convert train.py --mixed-precision bf16   # sets it in train_dist.yaml, new or not
   distify convert train.py --diff             # preview, writes nothing
   distify convert train.py --check            # exit 1 if the file would change (CI)
   distify convert src/ -o src_dist/           # a whole project
@@ -38,8 +47,10 @@ Examples:
 @click.option("--check", "check_only", is_flag=True,
               help="Write nothing; exit 1 if the conversion would change anything.")
 @click.option("-i", "--in-place", is_flag=True, help="Rewrite the input file(s) in place.")
-@click.option("--mixed-precision", type=click.Choice(["no", "fp16", "bf16"]), default="no",
-              show_default=True, help="Mixed precision recorded in the launch config.")
+@click.option("--mixed-precision", type=click.Choice(["no", "fp16", "bf16"]), default=None,
+              help="Mixed precision recorded in the launch config: written into a new one, or "
+                   "updated in the existing one (its other settings kept). [default: 'no' in a "
+                   "new config; an existing config is kept as it is]")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--rules", "rule_files", multiple=True, type=click.Path(path_type=Path),
               help="Extra YAML rule pack (repeatable).")
@@ -48,7 +59,7 @@ Examples:
                    "needs no distify install.")
 @click.option("--no-config", is_flag=True, help="Do not write the launch config.")
 def convert(path: Path, output: Path | None, show_diff: bool, check_only: bool, in_place: bool,
-            mixed_precision: str, as_json: bool, rule_files: tuple[Path, ...],
+            mixed_precision: str | None, as_json: bool, rule_files: tuple[Path, ...],
             standalone: bool, no_config: bool) -> None:
     """Rewrite PATH (a training script, or a project folder) to run distributed.
 
@@ -77,11 +88,11 @@ def convert(path: Path, output: Path | None, show_diff: bool, check_only: bool, 
             click.echo(colour_diff(unified_diff(item.result, str(_display(item)))), nl=False)
         return
     write_planned(planned, in_place=in_place, make_dirs=path.is_dir())
-    config_note = None if no_config else _write_config(planned, path, mixed_precision, in_place)
+    config = None if no_config else _write_config(planned, path, mixed_precision)
     if standalone:
         folder = (planned[0].target.parent if not path.is_dir() else planned[0].target.parent)
         copy_runtime(folder if not path.is_dir() else _project_output(path, output))
-    _report(converted, as_json, config_note)
+    _report(converted, as_json, config)
 
 
 def _display(item: Planned) -> Path:
@@ -112,35 +123,24 @@ def _project_output(path: Path, output: Path | None) -> Path:
     return output
 
 
-def _write_config(planned: list[Planned], path: Path, mixed_precision: str,
-                  in_place: bool) -> str | None:
-    """Write the launch config beside the converted script (a single file only)."""
+def _write_config(planned: list[Planned], path: Path,
+                  mixed_precision: str | None) -> ConfigOutcome | None:
+    """Write, keep or update the launch config beside the converted script (a single file)."""
     if path.is_dir() or not planned or planned[0].result.status != "converted":
         return None
-    from distify.launch.config import default_config, write_config
-
-    target = planned[0].target.with_suffix(".yaml")
-    if target.exists():
-        return f"kept the existing launch config {target}"
-    note = ""
-    if planned[0].result.own_mixed_precision and mixed_precision != "no":
-        note = (f" with mixed_precision 'no', not '{mixed_precision}': the script scales its "
-                "own loss")
-        mixed_precision = "no"
-    write_config(default_config(mixed_precision=mixed_precision), target)
-    return f"wrote the launch config {target}{note}"
+    return place_launch_config(planned[0].target.with_suffix(".yaml"),
+                               mixed_precision=mixed_precision,
+                               own_scaler=planned[0].result.own_mixed_precision)
 
 
-def _report(converted: list[Planned], as_json: bool, config_note: str | None) -> None:
+def _report(converted: list[Planned], as_json: bool, config: ConfigOutcome | None) -> None:
     single = len(converted) == 1
     hint = None
     if single and converted[0].result.status == "converted":
-        hint = f"distify launch {converted[0].target}"
-        if not _local_gpus():
-            hint = (f"distify launch --num_processes 2 --cpu {converted[0].target}   "
-                    "(no GPU here: 2 processes on the CPU)")
+        hint = _launch_hint(converted[0].target, config)
     if as_json:
-        click.echo(json_report(((p.result, str(p.target)) for p in converted), launch_hint=hint))
+        click.echo(json_report(((p.result, str(p.target)) for p in converted), launch_hint=hint,
+                               launch_config=str(config.path) if config else None))
         return
     if not single:
         done = [p for p in converted if p.result.status == "converted"]
@@ -149,8 +149,20 @@ def _report(converted: list[Planned], as_json: bool, config_note: str | None) ->
         if not single and item.result.status != "converted" and not item.result.notes:
             continue
         click.echo(text_report(item.result, str(item.target), launch_hint=hint))
-    if config_note:
-        click.echo(config_note[0].upper() + config_note[1:])
+    if config:
+        click.echo(config_report(config))
+
+
+def _launch_hint(script: Path, config: ConfigOutcome | None) -> str:
+    """The command that launches ``script`` as converted: it names the launch config unless
+    `distify launch` finds it by itself (``<script>.yaml``)."""
+    options = ""
+    if config is not None and config.path != script.with_suffix(".yaml"):
+        options = f"--config_file {config.path} "
+    if _local_gpus():
+        return f"distify launch {options}{script}"
+    return (f"distify launch {options}--num_processes 2 --cpu {script}   "
+            "(no GPU here: 2 processes on the CPU)")
 
 
 def _local_gpus() -> int:

@@ -3,6 +3,11 @@
 Inputs are never modified unless the caller asks for in-place conversion. Every output is written
 through a temporary file and a rename, and nothing is written before every input has been read
 and converted, so a bad file in a project leaves no half-converted output folder behind.
+
+The launch config goes beside the converted script (``train_dist.yaml``), where ``distify
+launch`` looks for it. A YAML file already there is adopted only when it is a launch config
+(``train.yaml`` is often the script's own hyper-parameters): otherwise it is left alone and the
+config gets a name of its own (``train_dist.launch.yaml``), which the launch command then names.
 """
 
 from __future__ import annotations
@@ -12,10 +17,20 @@ import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
+
+import yaml
 
 from distify.convert.engine import FileResult, convert_source
 from distify.errors import UserError
-from distify.fsutil import atomic_write_bytes
+from distify.fsutil import atomic_write_bytes, atomic_write_text
+from distify.launch.config import (
+    LaunchConfig,
+    default_config,
+    load_config,
+    with_overrides,
+    write_config,
+)
 from distify.rules import RuleSet
 
 #: folders never descended into when converting a project
@@ -109,3 +124,114 @@ def copy_runtime(folder: Path) -> Path:
     shutil.rmtree(target, ignore_errors=True)
     os.replace(staging, target)
     return target
+
+
+@dataclass(frozen=True)
+class ConfigOutcome:
+    """What became of the launch config of a conversion."""
+
+    path: Path
+    action: Literal["wrote", "kept", "updated"]
+    #: the file's mixed precision afterwards
+    mixed_precision: str
+    #: what ``--mixed-precision`` asked for (None: not given)
+    asked: str | None = None
+    #: the script scales its own loss, so ``asked`` was turned into 'no'
+    own_scaler: bool = False
+    #: YAML files that were in the way and are not launch configs: (path, why)
+    passed_over: tuple[tuple[Path, str], ...] = ()
+
+
+#: how many other names are tried when the usual ones hold files that are not launch configs
+_MAX_CANDIDATES = 100
+
+
+def place_launch_config(first: Path, *, mixed_precision: str | None,
+                        own_scaler: bool) -> ConfigOutcome:
+    """Write, keep or update the launch config at ``first`` or, when a file there is not a
+    launch config, at the next free name (``x.launch.yaml``, ``x.launch-2.yaml``, ...).
+
+    Args:
+        first: where ``distify launch`` looks for it (``<script>.yaml``).
+        mixed_precision: ``--mixed-precision`` (None: not given, an existing config is kept).
+        own_scaler: the script has its own GradScaler, so mixed precision must stay 'no'.
+
+    Raises:
+        UserError: the folder is not writable, or no free name was found.
+    """
+    asked, value = mixed_precision, mixed_precision
+    if own_scaler and value in ("fp16", "bf16"):
+        value = "no"
+    passed_over = []
+    for path in _config_names(first):
+        if not path.exists() and not path.is_symlink():
+            write_config(default_config(mixed_precision=value or "no"), path)
+            return ConfigOutcome(path, "wrote", value or "no", asked, value != asked,
+                                 tuple(passed_over))
+        cfg, why = _launch_config(path)
+        if cfg is None:
+            passed_over.append((path, why))
+            continue
+        action = "kept"
+        if value is not None and value != cfg.mixed_precision:
+            _set_mixed_precision(path, cfg, value)
+            action = "updated"
+        return ConfigOutcome(path, action, value or cfg.mixed_precision, asked, value != asked,
+                             tuple(passed_over))
+    raise UserError(f"no free name for the launch config after {_MAX_CANDIDATES} tries; "
+                    "pass --no-config and write one with `distify config`", path=str(first))
+
+
+def _config_names(first: Path) -> Iterator[Path]:
+    """``first`` (``x.yaml``), then ``x.launch.yaml``, ``x.launch-2.yaml``, ..."""
+    yield first
+    stem = first.stem if first.stem.endswith("launch") else f"{first.stem}.launch"
+    if stem != first.stem:
+        yield first.with_name(f"{stem}.yaml")
+    for number in range(2, _MAX_CANDIDATES):
+        yield first.with_name(f"{stem}-{number}.yaml")
+
+
+def _launch_config(path: Path) -> tuple[LaunchConfig | None, str]:
+    """The config in ``path`` when it is a valid launch config, else None and why not."""
+    if not path.is_file():
+        return None, "not a regular file"
+    try:
+        return load_config(path), ""
+    except UserError as err:
+        return None, str(err)
+
+
+def _set_mixed_precision(path: Path, cfg: LaunchConfig, value: str) -> None:
+    """Set ``mixed_precision`` in the file, keeping every other byte (comments, order, keys
+    Accelerate writes); a layout the text edit cannot handle safely is written out anew."""
+    text = path.read_bytes().decode("utf-8")
+    edited = _edited_mixed_precision(text, value)
+    before = yaml.safe_load(text)
+    try:
+        after = yaml.safe_load(edited) if edited is not None else None
+    except yaml.YAMLError:  # the value was an anchor another key refers to
+        after = None
+    if isinstance(after, dict) and after.get("mixed_precision") == value and \
+            {k: v for k, v in after.items() if k != "mixed_precision"} == \
+            {k: v for k, v in before.items() if k != "mixed_precision"}:
+        atomic_write_text(path, edited)
+    else:  # e.g. an alias shared with another key: rewrite the whole file instead
+        write_config(with_overrides(cfg, mixed_precision=value), path)
+
+
+def _edited_mixed_precision(text: str, value: str) -> str | None:
+    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    scalar = "'no'" if value == "no" else value  # a bare `no` is YAML's false
+    if not isinstance(root, yaml.MappingNode):
+        return None
+    for key, node in root.value:
+        if getattr(key, "value", None) == "mixed_precision":
+            if not isinstance(node, yaml.ScalarNode):
+                return None
+            start, end = node.start_mark.index, node.end_mark.index
+            return text[:start] + (scalar if start < end else f" {scalar}") + text[end:]
+    if root.flow_style:
+        return None
+    newline = "\r\n" if "\r\n" in text else "\n"
+    return f"{text}{'' if text.endswith(chr(10)) else newline}mixed_precision: {scalar}{newline}"

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 import click
 
 from distify.convert.engine import FileResult
+from distify.convert.project import ConfigOutcome
 
 
 def _text(data: bytes) -> str:
@@ -79,7 +80,29 @@ def text_report(result: FileResult, output_name: str, *, launch_hint: str | None
     return "\n".join(lines)
 
 
-def json_report(results: Iterable[tuple[FileResult, str]], *, launch_hint: str | None) -> str:
+def config_report(outcome: ConfigOutcome) -> str:
+    """What became of the launch config, and of the YAML files that were in its way."""
+    lines = [f"Left {path} alone: not a launch config ({why})"
+             for path, why in outcome.passed_over]
+    if outcome.own_scaler:  # the flag asked for fp16/bf16; the script's own GradScaler won
+        mixed = (f"mixed_precision '{outcome.mixed_precision}' (not '{outcome.asked}': the "
+                 "script scales its own loss)")
+    else:
+        mixed = f"mixed_precision {outcome.mixed_precision}"
+    if outcome.action == "wrote":
+        lines.append(f"Wrote the launch config {outcome.path}"
+                     + (f" with {mixed}" if outcome.own_scaler else ""))
+    elif outcome.action == "updated":
+        lines.append(f"Updated the launch config {outcome.path}: {mixed}")
+    elif outcome.asked is None:
+        lines.append(f"Kept the existing launch config {outcome.path}")
+    else:
+        lines.append(f"Kept the existing launch config {outcome.path}: it already has {mixed}")
+    return "\n".join(lines)
+
+
+def json_report(results: Iterable[tuple[FileResult, str]], *, launch_hint: str | None,
+                launch_config: str | None = None) -> str:
     files = []
     for result, output_name in results:
         files.append({
@@ -93,8 +116,8 @@ def json_report(results: Iterable[tuple[FileResult, str]], *, launch_hint: str |
             "ready": result.ready,
         })
     ready = all(f["ready"] for f in files)
-    return json.dumps({"files": files, "ready": ready, "launch": launch_hint if ready else None},
-                      indent=2)
+    return json.dumps({"files": files, "ready": ready, "launch": launch_hint if ready else None,
+                       "launch_config": launch_config}, indent=2)
 
 
 def _item(item) -> dict:
