@@ -23,6 +23,8 @@ _COMMANDS = {
     "check": ("distify.commands.check", "Lint distributed training code for pitfalls."),
     "launch": ("distify.commands.launch", "Run a script on N processes or N machines."),
     "config": ("distify.commands.config", "Write a launch config, interactively or by flags."),
+    "env": ("distify.commands.env", "Print versions, GPUs and the launch config for a bug report."),
+    "test": ("distify.commands.selftest", "Check that 2 processes can train together here."),
 }
 _SIGPIPE_EXIT = 141  # what a shell reports for a process ended by SIGPIPE
 
