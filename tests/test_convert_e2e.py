@@ -139,3 +139,24 @@ def test_an_unseeded_split_is_the_same_split_on_every_process(tmp_path) -> None:
         got = result_line(proc.stdout)
         assert (got["train_count"], got["val_count"]) == (90, 30)
         assert got["train_ids"] + got["val_ids"] == sum(range(120)), (nproc, got)
+
+
+def test_a_checkpoint_saved_and_reloaded_through_file_objects_is_the_new_one_everywhere(
+        tmp_path) -> None:
+    """word_language_model's ``with open(path, "wb") as f: torch.save(model, f)`` then ``with
+    open(path, "rb") as f: model = torch.load(f)``, every epoch: every process must reload the
+    model just saved, never a half-written file or the previous epoch's. The race is timing
+    dependent, so the job runs three times; the reloaded model's evaluation (summed over both
+    processes) is the original's each time."""
+    original = _prepare(tmp_path, "save_through_file", "original")
+    want = run_python(original / "train.py", "--batch_size", "16", cwd=original, env=_env())
+    want_reloads = [line for line in want.stdout.splitlines() if line.startswith("reloaded")]
+    converted = _prepare(tmp_path, "save_through_file", "converted")
+    for _ in range(3):
+        proc = run_torchrun(converted / "train.py", "--batch_size", "8", nproc=2,
+                            cwd=converted, env=_env(), replicas=True, distinct_data=True)
+        reloads = [line for line in proc.stdout.splitlines() if line.startswith("reloaded")]
+        assert [line.split(", ")[1] for line in reloads] == \
+            [line.split(", ")[1] for line in want_reloads]  # the counts, exactly
+        assert result_line(proc.stdout)["correct"] == result_line(want.stdout)["correct"]
+        assert sorted(p.name for p in converted.iterdir()) == ["model.pt", "train.py"]

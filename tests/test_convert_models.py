@@ -325,3 +325,35 @@ def test_the_report_withholds_the_launch_line_when_not_ready() -> None:
     assert "Not ready to launch" in text and "distify launch out.py" in text
     data = json_report([(result, "out.py")], launch_hint="distify launch out.py")
     assert '"ready": false' in data and '"launch": null' in data
+
+
+CHECKPOINTS = [
+    pytest.param("with open(args.save, 'wb') as f:\n    torch.save(model, f)\n",
+                 "distify.save(model, args.save)\n", id="save-through-a-file-object"),
+    pytest.param("with open(args.save, 'rb') as f:\n"
+                 "    model = torch.load(f, map_location='cpu')\n",
+                 "model = distify.load(args.save, map_location='cpu')\n",
+                 id="load-through-a-file-object"),
+    pytest.param("torch.save(state, open('ckpt.pt', 'wb'))\n",
+                 "distify.save(state, 'ckpt.pt')\n", id="save-into-open"),
+    pytest.param("state = torch.load(open('ckpt.pt', 'rb'))\n",
+                 "state = distify.load('ckpt.pt')\n", id="load-from-open"),
+]
+
+
+@pytest.mark.parametrize(("before", "after"), CHECKPOINTS)
+def test_checkpoints_through_file_objects_go_by_path(before: str, after: str) -> None:
+    """By path the save is atomic and other processes' loads wait for it (issue 11)."""
+    assert _convert(before).output.decode() == _after(after)
+
+
+def test_other_uses_of_a_checkpoint_file_object_are_reported_not_claimed() -> None:
+    result = _convert("""\
+        with open("ckpt.pt", "wb") as f:
+            torch.save(model.state_dict(), f)
+            f.write(b"trailer")
+        """)
+    assert "if distify.is_main_process():" in result.output.decode()
+    notes = [n.message for n in result.notes if n.kind == "checkpoint"]
+    assert len(notes) == 1 and "not atomic" in notes[0]
+    assert not any("atomically" in c.message for c in result.changes)

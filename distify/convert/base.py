@@ -254,6 +254,8 @@ class TransformerBase(cst.CSTTransformer):
     def visit_Assign(self, node: cst.Assign) -> None:
         value = node.value
         names = [t.target.value for t in node.targets if isinstance(t.target, cst.Name)]
+        # a name bound anew (`model = torch.load(f)`) holds an object nobody prepared yet
+        self._scope.prepared_models.difference_update(names)
         if isinstance(value, cst.Call) and self.rules.match("dataloaders", self._qual(value.func)):
             self._scope.loaders.update(names)
         if isinstance(value, cst.Call) and self.rules.match("samplers", self._qual(value.func)):

@@ -78,6 +78,8 @@ class SideEffectMixin(TransformerBase):
             entry = rules.match(category, qual)
             if entry is not None and entry.get("runtime"):
                 name = entry.get("runtime")
+                if name in ("save", "load"):
+                    updated = self._file_argument_to_path(updated, name)
                 return self._retarget(updated, name, kind, f"{qual} → {self.rt}.{name}: {what}")
         return None
 
@@ -150,11 +152,55 @@ class SideEffectMixin(TransformerBase):
     def leave_With(self, original: cst.With, updated: cst.With):
         if any(self._qual(_callee(item.item)) in _NO_GRAD for item in original.items):
             self._no_grad_depth -= 1
+        by_path = self._checkpoint_by_path(updated)
         if self._writes_file(original):
             self._main_only_depth -= 1
+            if by_path is not None:
+                return by_path
             if not self._main_only_depth:
                 return self._main_only(updated, "file written by the main process only")
-        return updated
+        return by_path if by_path is not None else updated
+
+    def _checkpoint_by_path(self, node: cst.With) -> cst.SimpleStatementLine | None:
+        """``with open(p, "wb") as f: torch.save(obj, f)`` → ``rt.save(obj, p)``, and ``with
+        open(p, "rb") as f: x = torch.load(f)`` → ``x = rt.load(p)``: by path, the save is
+        atomic and a load on another process waits for it (a file object gives neither: the
+        main process truncates the file before writing, and the others read whatever is there).
+        Any other use of the file object inside the block is reported instead."""
+        if len(node.items) != 1 or not isinstance(node.items[0].asname, cst.AsName):
+            return None
+        item = node.items[0]
+        handle = item.asname.name
+        if not (isinstance(item.item, cst.Call) and self._qual(item.item.func) == "open"
+                and isinstance(handle, cst.Name) and item.item.args):
+            return None
+        uses = _runtime_io_calls(node.body, self.rt, handle.value)
+        if not uses:
+            return None
+        body = node.body.body if isinstance(node.body, cst.IndentedBlock) else ()
+        line = body[0] if len(body) == 1 else None
+        small = line.body[0] if isinstance(line, cst.SimpleStatementLine) and \
+            len(line.body) == 1 else None
+        call = small.value if isinstance(small, (cst.Expr, cst.Assign)) else None
+        if len(uses) != 1 or call is not uses[0] or item.item.args[0].keyword is not None:
+            for use in uses:  # the report must not claim what a file object does not give
+                self.edits = [e for e in self.edits if e.node is not use]
+                self._edit(use, "checkpoint", f"{dotted_name(use.func)}(...) through a file "
+                           "object: not atomic, and other processes do not wait for it; save "
+                           f"and load by path ({self.rt}.save(obj, path), {self.rt}.load(path))",
+                           human=True)
+            return None
+        path = item.item.args[0].value.deep_clone()
+        position = 1 if dotted_name(call.func) == f"{self.rt}.save" else 0
+        args = [a.with_changes(value=path) if i == position else a
+                for i, a in enumerate(call.args)]
+        new_call = call.with_changes(args=args)
+        self.edits = [e for e in self.edits if e.node is not call]
+        what = "saved by the main process only, atomically" if position else \
+            "read once the main process has finished saving it"
+        self._edit(new_call, "checkpoint", f"a checkpoint through a file object → by path: {what}")
+        new_small = small.with_changes(value=new_call)
+        return line.with_changes(body=[new_small], leading_lines=node.leading_lines)
 
     def _writes_file(self, node: cst.With) -> bool:
         return any(self._side_effect(item.item) == "write" for item in node.items)
@@ -215,9 +261,42 @@ class SideEffectMixin(TransformerBase):
         self._edit(new, kind, message)
         return new
 
+    def _file_argument_to_path(self, call: cst.Call, name: str) -> cst.Call:
+        """``rt.save(obj, open(p, "wb"))`` → ``rt.save(obj, p)`` (and ``rt.load(open(p))``):
+        opened on every process, the file was truncated by all of them."""
+        position = 1 if name == "save" else 0
+        positional = [a for a in call.args if a.keyword is None and not a.star]
+        if len(positional) <= position:
+            return call
+        value = positional[position].value
+        if not (isinstance(value, cst.Call) and self._qual(value.func) == "open" and value.args
+                and value.args[0].keyword is None):
+            return call
+        index = list(call.args).index(positional[position])
+        args = list(call.args)
+        args[index] = args[index].with_changes(value=value.args[0].value)
+        return call.with_changes(args=args)
+
     def leave_FormattedStringExpression(self, original, updated):
         expr = original.expression
         if (isinstance(expr, cst.Call) and self.rules.match("timestamps", self._qual(expr.func))
                 and not _is_rt_call(updated.expression, self.rt, "broadcast_object")):
             return updated.with_changes(expression=self._agree(updated.expression))
         return updated
+
+
+def _runtime_io_calls(body: cst.BaseSuite, rt: str, handle: str) -> list[cst.Call]:
+    """The ``rt.save(..., handle)`` / ``rt.load(handle, ...)`` calls in ``body``."""
+    found: list[cst.Call] = []
+
+    class _Finder(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            name = dotted_name(call.func)
+            position = {f"{rt}.save": 1, f"{rt}.load": 0}.get(name or "")
+            if position is not None and len(call.args) > position:
+                value = call.args[position].value
+                if isinstance(value, cst.Name) and value.value == handle:
+                    found.append(call)
+
+    body.visit(_Finder())
+    return found
