@@ -1,5 +1,6 @@
 """Collectives for metrics and synchronisation. Every rank must reach each call (no hangs):
-they are no-ops, returning their input, in a single process."""
+they are no-ops, returning their input, in a single process. In debug mode (``DISTIFY_DEBUG=1``)
+the ranks first check that they are all at the same call (see ``_debug``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import _data, _state
+from . import _data, _debug, _state
 from ._errors import DistifyError, DistifyTypeError
 from ._tree import map_tensors, tensors_in
 
@@ -31,13 +32,16 @@ def reduce(value: Any, op: str = "sum") -> Any:
     """
     if op not in _OPS:
         raise DistifyError(f"unknown reduce op {op!r}: use one of {', '.join(_OPS)}")
-    if isinstance(value, (bool, int, float)):
-        return value if _state.world_size() == 1 else _reduce_number(value, op)
-    if not tensors_in(value):
+    number = isinstance(value, (bool, int, float))
+    if not number and not tensors_in(value):
         raise DistifyTypeError(f"distify.reduce takes tensors or Python numbers, not "
                                f"{type(value).__name__}")
     if _state.world_size() == 1:
         return value
+    if _state.state().debug:
+        _debug.check(f"reduce({op}, {_debug.describe(value)})")
+    if number:
+        return _reduce_number(value, op)
     return map_tensors(value, lambda tensor: _reduce_tensor(tensor, op))
 
 
@@ -51,7 +55,7 @@ def gather(value: Any) -> Any:
     Returns:
         The gathered value, on the input's device. In a single process, ``value`` itself.
     """
-    return _gather(value, drop=0)
+    return _gather(value, drop=0, name="gather")
 
 
 def gather_for_metrics(value: Any) -> Any:
@@ -65,7 +69,7 @@ def gather_for_metrics(value: Any) -> Any:
     Returns:
         The gathered value without repeated samples. In a single process, ``value`` itself.
     """
-    return _gather(value, drop=_data.current_padding())
+    return _gather(value, drop=_data.current_padding(), name="gather_for_metrics")
 
 
 def broadcast_object(obj: Any) -> Any:
@@ -79,6 +83,8 @@ def broadcast_object(obj: Any) -> Any:
     """
     if _state.world_size() == 1:
         return obj
+    if _state.state().debug:
+        _debug.check("broadcast_object")
     payload = [obj]
     dist.broadcast_object_list(payload, src=0, device=_comm_device())
     return payload[0]
@@ -105,14 +111,20 @@ def shared_generator() -> torch.Generator:
     _shared_draws += 1
     store = _state.shared_store()
     main = _state.is_main_process()
+    debug = _state.state().debug
+    key = f"generator/{_shared_draws}"
     if store is None:  # no store to go through: all ranks meet here instead
         state = broadcast_object(torch.default_generator.get_state())
     elif main:
         state = torch.default_generator.get_state()
-        store.set(f"generator/{_shared_draws}", state.numpy().tobytes())
+        if debug:  # published first: the others read it once the state is there
+            store.set(f"{key}/site", _debug.call_site().encode())
+        store.set(key, state.numpy().tobytes())
     else:  # waits until the main process has published it (up to the job's timeout)
-        raw = store.get(f"generator/{_shared_draws}")
+        raw = store.get(key)
         state = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+        if debug:
+            _debug.check_same_draw(_shared_draws, store.get(f"{key}/site").decode())
     if main:
         return torch.default_generator
     generator = torch.Generator()
@@ -127,9 +139,15 @@ _shared_draws = 0
 
 def wait_for_everyone() -> None:
     """Block until every rank arrives here (a barrier); nothing happens in a single process."""
+    _barrier("wait_for_everyone")
+
+
+def _barrier(name: str) -> None:
     if _state.world_size() == 1:
         return
     state = _state.state()
+    if state.debug:
+        _debug.check(name)
     if state.device.type == "cuda":
         dist.barrier(device_ids=[state.device.index])
     else:
@@ -139,27 +157,27 @@ def wait_for_everyone() -> None:
 @contextlib.contextmanager
 def main_process_first() -> Iterator[None]:
     """Run the body on the main process first, then on the others (e.g. a dataset download)."""
-    with _first(_state.is_main_process()):
+    with _first(_state.is_main_process(), "main_process_first"):
         yield
 
 
 @contextlib.contextmanager
 def local_main_process_first() -> Iterator[None]:
     """Run the body on each machine's local main process first, then on the other processes."""
-    with _first(_state.is_local_main_process()):
+    with _first(_state.is_local_main_process(), "local_main_process_first"):
         yield
 
 
 @contextlib.contextmanager
-def _first(leader: bool) -> Iterator[None]:
+def _first(leader: bool, name: str) -> Iterator[None]:
     if not leader:
-        wait_for_everyone()
+        _barrier(name)
     try:
         yield
     finally:
         # Also on failure: the others must not wait for a barrier the leader never reaches.
         if leader:
-            wait_for_everyone()
+            _barrier(name)
 
 
 def _comm_device() -> torch.device:
@@ -182,9 +200,11 @@ def _reduce_tensor(tensor: torch.Tensor, op: str) -> torch.Tensor:
     return work.to(tensor.device)
 
 
-def _gather(value: Any, drop: int) -> Any:
+def _gather(value: Any, drop: int, name: str) -> Any:
     if _state.world_size() == 1:
         return value
+    if _state.state().debug:
+        _debug.check(f"{name}({_debug.describe(value, any_length=True)})")
     if isinstance(value, list) and not tensors_in(value):
         return _gather_objects(value, drop)
     return map_tensors(value, lambda tensor: _gather_tensor(tensor, drop))

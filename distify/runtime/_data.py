@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler, SequentialSampler
 
-from . import _model, _state
+from . import _debug, _model, _state
 from ._errors import DistifyError
 from ._tree import map_tensors
 
@@ -189,6 +189,8 @@ def _equalise(batches: list[list[Any]], pads: list[int], target: int) -> None:
 
 
 def _broadcast_from_main(units: list[Any]) -> list[Any]:
+    if _state.state().debug:
+        _debug.check("DataLoader epoch (the main process's shuffled order)")
     payload = [units if _state.rank() == 0 else None]
     device = _state.device() if dist.get_backend() == "nccl" else torch.device("cpu")
     dist.broadcast_object_list(payload, src=0, device=device)

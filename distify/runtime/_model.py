@@ -4,24 +4,40 @@ Instead of returning a wrapper (where ``model.fc`` or ``model.generate`` would f
 ``state_dict`` keys would gain a ``module.`` prefix), the model's class is swapped for a subclass
 whose ``__call__`` routes training forwards through a DistributedDataParallel object kept
 aside. Everything else (attributes, methods, ``state_dict``, ``isinstance``) is the user's class.
+
+This module also keeps what the guards (``_guard``) and debug mode (``_debug``) need to know
+about DDP: how many training forwards went through it since the last ``distify.backward``, and
+which parameters it averages.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import warnings
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn.parallel import DataParallel, DistributedDataParallel
 
-from . import _precision, _state
-from ._subclass import PicklesAsOriginal, private_state, set_private_state, swap_class
+from . import _debug, _precision, _state
+from ._subclass import (
+    PicklesAsOriginal,
+    original_class,
+    private_state,
+    set_private_state,
+    swap_class,
+)
 
 _models: weakref.WeakSet = weakref.WeakSet()
 _sync_gradients = True
+#: DDP training forwards since the last ``distify.backward``: all of them, and those that
+#: average gradients (not under ``sync_gradients(False)``)
+_forwards = 0
+_synced_forwards = 0
 _EVAL_WITH_GRAD = ("a prepared model was called in eval mode with gradients enabled: that "
                    "forward bypasses DDP, so gradients from it are not averaged across processes; "
                    "call model.train() before training, or use torch.no_grad() to evaluate")
@@ -77,9 +93,28 @@ class _PreparedModelMixin(PicklesAsOriginal):
 _MISSING = object()
 
 
+@dataclass(frozen=True)
+class SyncedModule:
+    """A module whose gradients DDP averages: the parameters it averages, by name."""
+
+    order: int  # preparation order, the same on every rank
+    class_name: str
+    parameters: tuple[tuple[str, nn.Parameter], ...]
+
+
+#: every module under DDP (prepared, or the user's own DDP given to prepare)
+_synced: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_synced_ids: frozenset[int] | None = None
+_synced_version = 0
+_order = itertools.count()
+
+
 def prepare_model(model: nn.Module, device_placement: bool = True) -> nn.Module:
     """Move ``model`` to the device and, when the world size is > 1, set up DDP for it."""
-    if isinstance(model, (_PreparedModelMixin, DistributedDataParallel)):
+    if isinstance(model, DistributedDataParallel):
+        _watch_user_ddp(model)
+        return model
+    if isinstance(model, _PreparedModelMixin):
         return model
     if isinstance(model, DataParallel):
         # Keep the user's DataParallel, so its state_dict keys (``module.``) and ``.module``
@@ -97,8 +132,11 @@ def prepare_model(model: nn.Module, device_placement: bool = True) -> nn.Module:
     if device_placement:
         model.to(state.device)
     swap_class(model, _PreparedModelMixin)
-    set_private_state(model, _Runtime(_make_ddp(model, state)))
+    ddp = _make_ddp(model, state)
+    set_private_state(model, _Runtime(ddp))
     _models.add(model)
+    if ddp is not None:
+        _add_synced(model, original_class(model).__name__, model)
     return model
 
 
@@ -133,6 +171,69 @@ def sync_gradients(sync: bool) -> None:
     _sync_gradients = bool(sync)
 
 
+def take_forwards() -> tuple[int, int]:
+    """The DDP training forwards since the last call (all, and those averaging gradients)."""
+    global _forwards, _synced_forwards
+    counts = _forwards, _synced_forwards
+    _forwards = _synced_forwards = 0
+    return counts
+
+
+def synced_parameter_ids() -> tuple[int, frozenset[int]]:
+    """A version number that changes whenever models are prepared, and the ids of the
+    parameters whose gradients DDP averages."""
+    global _synced_ids
+    if _synced_ids is None:
+        _synced_ids = frozenset(id(param) for module in _synced.values()
+                                for _, param in module.parameters)
+    return _synced_version, _synced_ids
+
+
+def synced_modules() -> list[SyncedModule]:
+    """The modules under DDP, in the order they were prepared."""
+    return sorted(_synced.values(), key=lambda module: module.order)
+
+
+def parameter_name(param: torch.Tensor) -> str | None:
+    """``Class.name`` of ``param`` in a prepared model, if it belongs to one."""
+    for model in list(_models):
+        for name, candidate in model.named_parameters():
+            if candidate is param:
+                return f"{original_class(model).__name__}.{name}"
+    return None
+
+
+def _add_synced(key: nn.Module, class_name: str, module: nn.Module) -> None:
+    # What DDP averages: the parameters that require a gradient when it is built.
+    ignored = set(getattr(module, "_ddp_params_and_buffers_to_ignore", ()))
+    params = tuple((name, param) for name, param in module.named_parameters()
+                   if param.requires_grad and name not in ignored)
+    _synced[key] = SyncedModule(next(_order), class_name, params)
+    _synced_changed()
+    weakref.finalize(key, _synced_changed)
+
+
+def _synced_changed() -> None:
+    global _synced_ids, _synced_version
+    _synced_ids = None
+    _synced_version += 1
+
+
+def _watch_user_ddp(ddp: DistributedDataParallel) -> None:
+    """A DDP the user built: count its training forwards and know its parameters too."""
+    if ddp in _synced:
+        return
+    ddp.register_forward_pre_hook(_count_user_ddp_forward)
+    _add_synced(ddp, original_class(ddp.module).__name__, ddp.module)
+
+
+def _count_user_ddp_forward(ddp: nn.Module, _args: Any) -> None:
+    global _forwards, _synced_forwards
+    if torch.is_grad_enabled():
+        _forwards += 1
+        _synced_forwards += bool(ddp.require_backward_grad_sync)
+
+
 def _release_ddp() -> None:
     """At exit: the DDP objects hold the process group, so let them go before it is destroyed."""
     for model in list(_models):
@@ -151,6 +252,8 @@ def _make_ddp(model: nn.Module, state: _state.State) -> DistributedDataParallel 
     # DDP refuses modules with nothing to train (a frozen teacher, an EMA copy): skip them.
     if state.world_size == 1 or not any(p.requires_grad for p in model.parameters()):
         return None
+    if state.debug:  # building DDP broadcasts the main process's weights: a collective
+        _debug.check(f"prepare({original_class(model).__name__})")
     device_ids = [state.device.index] if state.device.type == "cuda" else None
     find_unused = os.environ.get("DISTIFY_FIND_UNUSED_PARAMETERS", "").strip().lower() in \
         ("1", "true", "yes", "on")
@@ -167,7 +270,10 @@ def _sync_batchnorm(model: nn.Module, device: torch.device) -> nn.Module:
 
 
 def _call_through_ddp(runtime: _Runtime, args: tuple, kwargs: dict) -> Any:
+    global _forwards, _synced_forwards
     assert runtime.ddp is not None
+    _forwards += 1
+    _synced_forwards += _sync_gradients
     runtime.ddp.require_backward_grad_sync = _sync_gradients  # what DDP.no_sync() toggles
     runtime.inside_ddp = True
     try:

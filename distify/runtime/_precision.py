@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from . import _state
+from . import _guard, _state
 from ._errors import DistifyError
 from ._subclass import PicklesAsOriginal, swap_class
 from ._tree import map_tensors, tensors_in
@@ -58,12 +58,24 @@ def finish_outputs(outputs: Any) -> Any:
 def backward(loss: torch.Tensor, **kwargs: Any) -> None:
     """Back-propagate ``loss``; under fp16 the loss is scaled by the GradScaler first.
 
+    With more than one process, a loss that no prepared model's training forward produced
+    since the previous backward is refused: its gradients would not be averaged across the
+    processes (``DISTIFY_ALLOW_UNSYNCED=1`` makes that one warning instead).
+
     Args:
         loss: the scalar loss (or any tensor ``Tensor.backward`` accepts).
         **kwargs: passed to ``Tensor.backward`` (``retain_graph``, ``gradient``, ...).
+
+    Raises:
+        DistifyError: with more than one process, no prepared model's DDP forward made the
+            loss; in debug mode (``DISTIFY_DEBUG=1``), the ranks are at different calls or
+            their weights differ.
     """
     global _inside_backward
-    if _state.mixed_precision() != "fp16":
+    state = _state.state()
+    if state.world_size > 1:
+        _guard.before_backward(loss)
+    if state.mixed_precision != "fp16":
         loss.backward(**kwargs)
         return
     _inside_backward = True
@@ -103,12 +115,18 @@ def clip_grad_value_(parameters: torch.Tensor | Iterable[torch.Tensor], clip_val
 
 
 def prepare_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """Return ``optimizer`` itself; under fp16 its ``step`` goes through the GradScaler."""
+    """Return ``optimizer`` itself; under fp16 its ``step`` goes through the GradScaler.
+
+    With more than one process, its ``step`` refuses to update parameters that have a gradient
+    but belong to no prepared model under DDP (``DISTIFY_ALLOW_UNSYNCED=1``: one warning).
+    """
     if optimizer in _optimizers:
         return optimizer
     optimizer.step_was_skipped = False  # type: ignore[attr-defined]
     if _state.mixed_precision() == "fp16":
         _route_step_through_scaler(optimizer)
+    if _state.world_size() > 1:
+        _guard.watch_optimizer(optimizer)
     _optimizers.add(optimizer)
     return optimizer
 

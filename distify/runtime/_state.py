@@ -25,6 +25,7 @@ from ._errors import DistifyError
 
 MIXED_PRECISION_VALUES = ("no", "fp16", "bf16")
 _DEFAULT_TIMEOUT_S = 1800.0
+_DEFAULT_DEBUG_EVERY = 10
 _EXIT_WAIT_S = 120.0
 _TRUE = ("1", "true", "yes", "on")
 _LAUNCH_HINT = ("launch with `distify launch` or torchrun, which set it, "
@@ -44,6 +45,14 @@ class State:
     sync_batchnorm: bool
     #: how long a collective (or a wait on the main process) may take before failing
     timeout: datetime.timedelta = datetime.timedelta(seconds=_DEFAULT_TIMEOUT_S)
+    #: ``DISTIFY_DEBUG`` with more than one process: check that the ranks make the same
+    #: collectives and keep bit-identical weights (see ``_debug``)
+    debug: bool = False
+    #: ``DISTIFY_DEBUG_EVERY``: compare the weights every N backward calls in debug mode
+    debug_every: int = _DEFAULT_DEBUG_EVERY
+    #: ``DISTIFY_ALLOW_UNSYNCED``: warn (once per cause) instead of refusing to train
+    #: parameters that DDP does not average (see ``_guard``)
+    allow_unsynced: bool = False
 
 
 _STATE: State | None = None
@@ -64,6 +73,11 @@ def init(mixed_precision: str | None = None,
         sync_batchnorm: convert BatchNorm layers to SyncBatchNorm when the world size is > 1;
             default ``DISTIFY_SYNC_BATCHNORM``.
 
+    With more than one process it also reads ``DISTIFY_DEBUG`` (check every collective and,
+    every ``DISTIFY_DEBUG_EVERY`` backward calls, default 10, that the weights are still
+    bit-identical on all ranks) and ``DISTIFY_ALLOW_UNSYNCED`` (warn once instead of failing
+    when gradients would not be averaged across processes).
+
     Raises:
         DistifyError: the launcher variables are inconsistent, or a setting is invalid.
     """
@@ -82,8 +96,11 @@ def init(mixed_precision: str | None = None,
     device = _pick_device(local_rank, world_size)
     if world_size > 1 and not dist.is_initialized():
         _init_process_group(device, rank, world_size, timeout_delta)
+    debug = world_size > 1 and _flag("DISTIFY_DEBUG")
     _STATE = State(rank, local_rank, world_size, local_world_size, device, precision, sync_bn,
-                   timeout_delta)
+                   timeout_delta, debug=debug,
+                   debug_every=_debug_every_setting() if debug else _DEFAULT_DEBUG_EVERY,
+                   allow_unsynced=_flag("DISTIFY_ALLOW_UNSYNCED"))
 
 
 def state() -> State:
@@ -174,6 +191,20 @@ def _timeout_setting(argument: float | datetime.timedelta | None) -> datetime.ti
     if seconds <= 0:
         raise DistifyError(f"DISTIFY_TIMEOUT={raw!r} must be positive: set it to e.g. 1800")
     return datetime.timedelta(seconds=seconds)
+
+
+def _debug_every_setting() -> int:
+    raw = os.environ.get("DISTIFY_DEBUG_EVERY", "").strip()
+    if not raw:
+        return _DEFAULT_DEBUG_EVERY
+    try:
+        every = int(raw)
+    except ValueError:
+        every = 0
+    if every < 1:
+        raise DistifyError(f"DISTIFY_DEBUG_EVERY={raw!r} must be a whole number of backward "
+                           f"calls >= 1: set it to e.g. {_DEFAULT_DEBUG_EVERY} or unset it")
+    return every
 
 
 def _flag(name: str) -> bool:
@@ -335,10 +366,14 @@ def _leave_process_group() -> None:
     could block on a collective the other ranks never join, while exiting lets the launcher
     stop the job at once. Gloo may then abort this process as Python shuts down, so what was
     printed is flushed first.
+
+    In debug mode the ranks first exchange an "exit" fingerprint: a peer still waiting at a
+    collective then fails naming the line it waits at (and this rank prints the same error),
+    instead of both hanging until the timeout; this rank then leaves as after an exception.
     """
     if not dist.is_initialized():
         return
-    if hasattr(sys, "last_value"):
+    if hasattr(sys, "last_value") or not _exit_matches_peers():
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()
@@ -352,3 +387,12 @@ def _leave_process_group() -> None:
             callback()
         dist.destroy_process_group()
         gc.collect()
+
+
+def _exit_matches_peers() -> bool:
+    """False when debug mode found a peer at another collective than the exit."""
+    if _STATE is None or not _STATE.debug:
+        return True
+    from . import _debug  # loaded with the runtime; imported here to avoid an import cycle
+
+    return _debug.exit_matches()
