@@ -50,6 +50,7 @@ Examples:
   distify launch --num_machines 2 --machine_rank 0 --num_processes 16 \\
       --main_process_ip 10.0.0.1 --main_process_port 29500 train_dist.py
   distify launch --dry-run train_dist.py            # print the torchrun command
+  distify launch --debug train_dist.py              # fail fast on mismatched collectives
   distify launch --slurm --num_machines 4 train_dist.py > job.sbatch
 """,
 )
@@ -59,6 +60,10 @@ Examples:
 @config_options
 @click.option("--cpu", "use_cpu", is_flag=True, default=None,
               help="Run on CPUs (Gloo) even where GPUs are present.")
+@click.option("--debug", "debug", is_flag=True, default=None,
+              help="Check that the processes make the same collectives and keep identical "
+                   "weights, naming the script lines where they differ (slower; sets "
+                   "DISTIFY_DEBUG=1 and TORCH_DISTRIBUTED_DEBUG=DETAIL).")
 @accelerate_option("max_restarts", type=click.IntRange(0),
                    help="Restart the workers up to N times after a failure (elastic).")
 @click.option("--dry-run", "--dry_run", "dry_run", is_flag=True,

@@ -6,7 +6,8 @@ machines meet either through a static rendezvous (``--nnodes/--node-rank/--maste
 --master-port``: each machine knows its rank) or through c10d (``--rdzv-backend c10d
 --rdzv-endpoint``: ranks are handed out as machines join). Settings the runtime reads travel in
 the environment: ``DISTIFY_MIXED_PRECISION`` (and ``ACCELERATE_MIXED_PRECISION``, so a script on
-Accelerate sees the same choice), ``DISTIFY_USE_CPU`` and ``CUDA_VISIBLE_DEVICES``.
+Accelerate sees the same choice), ``DISTIFY_USE_CPU``, ``CUDA_VISIBLE_DEVICES`` and, for
+``debug``, ``DISTIFY_DEBUG`` (the runtime's own checks) beside ``TORCH_DISTRIBUTED_DEBUG``.
 
 The job runs in the foreground as an argument list, never through a shell.
 """
@@ -87,6 +88,8 @@ def launch_env(cfg: LaunchConfig) -> dict[str, str]:
         # What Accelerate's "debug" means: collectives are checked for mismatches across ranks.
         env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
         env["ACCELERATE_DEBUG_MODE"] = "true"
+        # distify's runtime: the ranks' collectives are fingerprinted and their weights compared.
+        env["DISTIFY_DEBUG"] = "1"
     return env
 
 

@@ -14,6 +14,7 @@ import datetime
 import gc
 import os
 import sys
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -291,6 +292,8 @@ def _init_process_group(device: torch.device, rank: int, world_size: int,
                            "install a PyTorch build with distributed support")
     backend = "nccl" if device.type == "cuda" else "gloo"
     _import_group_default_modules()
+    if backend == "gloo":
+        _avoid_detail_debug_crash()
     store = _restart_store(timeout)
     if store is None:
         dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout)
@@ -313,6 +316,22 @@ def _import_group_default_modules() -> None:
     """
     with contextlib.suppress(ImportError):
         import torch.distributed.nn.functional  # noqa: F401
+
+
+def _avoid_detail_debug_crash() -> None:
+    """Under ``TORCH_DISTRIBUTED_DEBUG=DETAIL``, build the Gloo group at the INFO level.
+
+    DETAIL wraps the group in torch's collective checker, and building DDP on that wrapped Gloo
+    group kills the process with a segmentation fault (torch 2.13, CPU). ``distify launch
+    --debug`` sets DETAIL (as Accelerate does) together with ``DISTIFY_DEBUG=1``, whose
+    fingerprints check the runtime's collectives instead; INFO keeps torch's other debug output.
+    """
+    if dist.get_debug_level() != dist.DebugLevel.DETAIL:
+        return
+    warnings.warn("TORCH_DISTRIBUTED_DEBUG=DETAIL is lowered to INFO for the Gloo backend: with "
+                  "it, building DDP crashes the process (segmentation fault, torch 2.13); use "
+                  "DISTIFY_DEBUG=1 to check the collectives", stacklevel=4)
+    dist.set_debug_level(dist.DebugLevel.INFO)
 
 
 def _restart_store(timeout: datetime.timedelta) -> Any:
