@@ -5,10 +5,13 @@ progress on a terminal, and `distify check --explain`."""
 
 from __future__ import annotations
 
+import inspect
 import json
+import os
 import shlex
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -38,13 +41,15 @@ def test_explain_prints_the_rules_documentation_and_examples(tmp_path: Path) -> 
     proc = distify("check", "--explain", "DST101", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     rule = REGISTRY["DST101"]
-    assert proc.stdout.startswith("DST101: A checkpoint is saved by every rank.\n")
-    assert "It does not touch a save\nwhose result is assigned" in proc.stdout  # the whole doc
+    title, body = inspect.cleandoc(rule.__doc__).split("\n\n", 1)
+    assert proc.stdout.startswith(f"DST101: {' '.join(title.split())}\n\n{body}\n\n")
+    assert f"Message: {rule.MESSAGE}\n" in proc.stdout
     assert proc.stdout.count("VALID (not reported):") == len(rule.VALID)
     assert proc.stdout.count("INVALID (reported") == len(rule.INVALID)
+    for example in (*rule.VALID, *rule.INVALID):
+        assert textwrap.indent(example.code, "    ") in proc.stdout
     assert "INVALID (reported at line 9):" in proc.stdout
-    assert "        torch.save(model.state_dict(), \"model.pt\")" in proc.stdout
-    assert "after --fix:" in proc.stdout
+    assert proc.stdout.count("after --fix:") == sum(e.fixed is not None for e in rule.INVALID)
 
 
 def test_explain_accepts_any_case() -> None:
@@ -212,3 +217,213 @@ def test_a_broken_launch_config_is_not_overwritten(workdir: Path) -> None:
         "(train_dist.yaml:2:1: num_processes: must be 1 or more, got 0)",
         "Wrote the launch config train_dist.launch.yaml"]
     assert load_config(workdir / "train_dist.launch.yaml").mixed_precision == "fp16"
+
+
+# ------------------------------------------------------------------ item 9: projects
+def _project(root: Path, files: dict[str, bytes]) -> Path:
+    for name, data in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    return root
+
+
+TRAINER = (CONVERT / "trainer_class.in.py").read_bytes()  # ends in `if __name__ == "__main__":`
+UTILS = (CONVERT / "tensor_utils.noop.py").read_bytes()
+NO_MAIN = b"import torch\n\ndef report(x):\n    print(x)\n"
+
+
+def test_a_project_gets_a_launch_config_beside_its_entry_point(tmp_path: Path) -> None:
+    _project(tmp_path / "src", {"pkg/train.py": TRAINER, "pkg/log.py": NO_MAIN,
+                                "utils.py": UTILS})
+    proc = distify("convert", "src", "-o", "out", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "2 of 3 Python file(s) converted" in proc.stdout
+    assert _config_lines(proc.stdout) == ["Wrote the launch config out/pkg/train.yaml"]
+    load_config(tmp_path / "out" / "pkg" / "train.yaml")
+    command = _launch_line(proc.stdout)
+    assert command.endswith(" out/pkg/train.py") and "--config_file" not in command
+    _launches_as_printed(command, tmp_path)
+    assert (tmp_path / "out" / "utils.py").read_bytes() == UTILS  # unchanged files still copied
+
+
+def test_a_project_whose_entry_point_is_unclear_gets_launch_yaml_at_its_top(
+        tmp_path: Path) -> None:
+    _project(tmp_path / "src", {"a.py": TRAINER, "b.py": TRAINER})
+    result_dir = tmp_path / "out"
+    proc = distify("convert", "src", "-o", "out", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert _config_lines(proc.stdout) == ["Wrote the launch config out/launch.yaml"]
+    load_config(result_dir / "launch.yaml")
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("Launch: "))
+    assert "SCRIPT: the entry point, one of out/a.py, out/b.py" in line
+    command = _launch_line(proc.stdout)
+    assert command.startswith("distify launch --config_file out/launch.yaml ")
+    _launches_as_printed(command.replace("SCRIPT", "out/a.py"), tmp_path)
+
+
+def test_a_project_in_place_gets_its_config_and_a_project_not_ready_says_so(
+        workdir: Path) -> None:
+    _project(workdir / "proj", {"train.py": TRAINER,
+                                "other.py": b"import torch\nloss = f(x)\nloss.backward()\n"})
+    result = run("convert", "proj", "-i")
+    assert result.exit_code == 0, result.output
+    assert (workdir / "proj" / "train.yaml").is_file()
+    assert "\nLaunch:" not in result.output
+    assert "Not ready to launch: a model that trains may not be prepared" in result.output
+    assert "Once it is: distify launch " in result.output
+
+
+def test_a_project_with_no_config_writes_none_but_still_says_how_to_launch(
+        workdir: Path) -> None:
+    _project(workdir / "proj", {"train.py": TRAINER})
+    result = run("convert", "proj", "-o", "out", "--no-config")
+    assert not list((workdir / "out").glob("*.yaml"))
+    assert "Launch: distify launch " in result.output and "out/train.py" in result.output
+
+
+def test_a_project_is_never_written_into_itself(workdir: Path) -> None:
+    _project(workdir / "proj", {"train.py": TRAINER})
+    result = run("convert", "proj", "-o", "proj")
+    assert result.exit_code == 2
+    assert "the output folder must not be the project folder" in result.output
+    assert sorted(p.name for p in (workdir / "proj").iterdir()) == ["train.py"]
+
+
+# ------------------------------------------------------------------ item 9: --diff
+def test_diff_prints_a_pure_diff_on_stdout_and_the_report_on_stderr(workdir: Path) -> None:
+    proc = distify("convert", "train.py", "--diff", cwd=workdir)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[:2] == ["--- train.py", "+++ train.py"]
+    assert all(line[:1] in {" ", "+", "-", "@", "\\"} for line in lines)
+    assert proc.stderr.startswith("train.py: 11 change(s)\n")
+    assert "train.py:49: backward through the runtime" in proc.stderr
+    assert "Batch size: " in proc.stderr
+    assert sorted(p.name for p in workdir.iterdir()) == ["train.py"]
+    patched = subprocess.run(["patch", "--dry-run", "-p0"], input=proc.stdout, cwd=workdir,
+                             capture_output=True, text=True)
+    assert patched.returncode == 0, patched.stdout + patched.stderr
+
+
+# ------------------------------------------------------------------ item 9: no clutter
+@pytest.mark.parametrize("data, reason", [
+    (b"", "does not import torch"),
+    ((CONVERT / "mnist_style.out.py").read_bytes(), "already distributed"),
+], ids=["empty", "already-converted"])
+def test_an_unchanged_file_is_not_written_to_the_default_output(tmp_path: Path, data: bytes,
+                                                                  reason: str) -> None:
+    (tmp_path / "done.py").write_bytes(data)
+    proc = distify("convert", "done.py", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["done.py"]
+    (first,) = proc.stdout.splitlines()
+    assert first.startswith(f"done.py: unchanged ({reason}")
+    assert first.endswith("; done_dist.py not written (-o done_dist.py writes a copy anyway)")
+    # asked for explicitly, it is written
+    assert distify("convert", "done.py", "-o", "done_dist.py", cwd=tmp_path).returncode == 0
+    assert (tmp_path / "done_dist.py").read_bytes() == data
+
+
+def test_a_standalone_conversion_of_an_unchanged_file_copies_no_runtime(workdir: Path) -> None:
+    (workdir / "empty.py").write_bytes(b"")
+    assert run("convert", "empty.py", "--standalone").exit_code == 0
+    assert sorted(p.name for p in workdir.iterdir()) == ["empty.py", "train.py"]
+
+
+# ------------------------------------------------------------------ item 9: summaries
+MANY_PRINTS = ("import torch\nscalers = [torch.cuda.amp.GradScaler()]\n"
+               "scalers.append(torch.cuda.amp.GradScaler())\n"
+               "scalers.append(torch.cuda.amp.GradScaler())\n"
+               "for step in range(3):\n" + "".join(f"    print({i})\n" for i in range(300)))
+
+
+def test_many_identical_changes_are_one_line_and_verbose_lists_them(workdir: Path) -> None:
+    (workdir / "many.py").write_text(MANY_PRINTS)
+    proc = distify("convert", "many.py", "--no-config", cwd=workdir)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "many.py → many_dist.py: 300 change(s)"
+    assert lines[1] == ("  many_dist.py: print on the main process only: 300 lines "
+                        "(7, 8, 9, 10, 11, ...)")
+    assert lines[2] == "  (--verbose lists every line)"
+    # the places that need a look are never summarised, even when they say the same thing
+    assert sum("manages its own mixed precision" in line for line in lines) == 3
+    verbose = distify("convert", "many.py", "--no-config", "--verbose", cwd=workdir).stdout
+    assert sum(": print on the main process only" in line for line in verbose.splitlines()) \
+        == 300
+    assert "  many_dist.py:306: print on the main process only" in verbose
+    assert "--verbose lists" not in verbose
+
+
+def test_a_few_identical_changes_are_summarised_without_losing_a_line(workdir: Path) -> None:
+    (workdir / "few.py").write_text("import torch\nprint(1)\nprint(2)\nprint(3)\n")
+    lines = run("convert", "few.py", "--no-config").output.splitlines()
+    assert lines[1] == "  few_dist.py: print on the main process only: 3 lines (3, 4, 5)"
+    assert "--verbose" not in lines[2]
+
+
+# ------------------------------------------------------------------ item 9: progress
+def _many_files(root: Path) -> None:
+    _project(root / "src", {"train.py": TRAINER, **{f"m{i}.py": UTILS for i in range(12)}})
+
+
+def test_a_long_project_shows_progress_on_a_terminal(tmp_path: Path) -> None:
+    pty = pytest.importorskip("pty")
+    _many_files(tmp_path)
+    master, slave = pty.openpty()
+    with subprocess.Popen([sys.executable, "-m", "distify", "convert", "src", "-o", "out"],
+                          cwd=tmp_path, stdout=subprocess.PIPE, stderr=slave,
+                          env=clean_env(PYTHONPATH=str(REPO))) as proc:
+        os.close(slave)
+        shown = _read_all(master)
+        stdout = proc.stdout.read().decode()
+    assert proc.returncode == 0
+    assert b"Converting" in shown and b"100%" in shown
+    assert "Converting" not in stdout and "Launch: " in stdout
+
+
+def _read_all(fd: int) -> bytes:
+    data = b""
+    while True:
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:  # the other side closed
+            break
+        if not chunk:
+            break
+        data += chunk
+    os.close(fd)
+    return data
+
+
+def test_no_progress_when_stderr_is_piped(tmp_path: Path) -> None:
+    _many_files(tmp_path)
+    proc = distify("convert", "src", "-o", "out", cwd=tmp_path)
+    assert proc.returncode == 0
+    assert proc.stderr == ""
+
+
+# ------------------------------------------------------------------ item 9: progress lines
+def test_the_report_says_progress_lines_count_one_process(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_bytes((REPO / "examples" / "train.py").read_bytes())
+    proc = distify("convert", "train.py", cwd=tmp_path)
+    note = next(line for line in proc.stdout.splitlines() if line.startswith("Progress lines"))
+    assert note == ("Progress lines (train_dist.py:52) count the main process's own samples; "
+                    "on N processes the global count is N × that.")
+    line = (tmp_path / "train_dist.py").read_text().splitlines()[51]
+    assert "distify.print(" in line and "Train Epoch" in line and "batch_idx * len(data)" in line
+
+
+@pytest.mark.parametrize("body", [
+    "    print(f'epoch {epoch} loss {loss}')\n",  # no counter: nothing per-process is counted
+    "    print(f'{i}/{len(loader)}')\n",  # counter over the shard's own length: true as printed
+], ids=["no-counter", "own-length"])
+def test_no_progress_note_where_it_would_not_be_true(workdir: Path, body: str) -> None:
+    (workdir / "t.py").write_text(
+        "import torch\nfrom torch.utils.data import DataLoader\n"
+        "loader = DataLoader(ds, batch_size=8)\n"
+        "for epoch in range(2):\n  for i, (x, y) in enumerate(loader):\n"
+        "    loss = model(x).sum()\n    loss.backward()\n" + body)
+    result = run("convert", "t.py", "--no-config")
+    assert "Batch size: 8" in result.output
+    assert "Progress lines" not in result.output

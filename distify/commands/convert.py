@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import click
@@ -13,6 +14,8 @@ from distify.convert.project import (
     Planned,
     convert_file,
     copy_runtime,
+    has_main_guard,
+    launch_entry,
     place_launch_config,
     plan_project,
     write_planned,
@@ -21,20 +24,22 @@ from distify.convert.report import (
     colour_diff,
     config_report,
     json_report,
+    launch_line,
     text_report,
     unified_diff,
 )
 from distify.errors import UserError
 from distify.lint.config import load_config as load_project_config
-from distify.rules import load_rules
+from distify.rules import RuleSet, load_rules
 
 EXAMPLES = """\b
 Examples:
   distify convert train.py -o train_dist.py   # writes train_dist.py + train_dist.yaml
   distify convert train.py --mixed-precision bf16   # sets it in train_dist.yaml, new or not
-  distify convert train.py --diff             # preview, writes nothing
+  distify convert train.py --diff > fix.patch # preview: the diff; the report on stderr
   distify convert train.py --check            # exit 1 if the file would change (CI)
-  distify convert src/ -o src_dist/           # a whole project
+  distify convert train.py -v                 # every changed line, even 300 identical ones
+  distify convert src/ -o src_dist/           # a whole project, with its launch config
 """
 
 
@@ -42,8 +47,10 @@ Examples:
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("-o", "--output", type=click.Path(path_type=Path),
               help="Where to write the result (a file, or a folder for a project). "
-                   "Default: <name>_dist.py beside the input.")
-@click.option("--diff", "show_diff", is_flag=True, help="Print a unified diff; write nothing.")
+                   "Default: <name>_dist.py beside the input, not written when nothing "
+                   "changes.")
+@click.option("--diff", "show_diff", is_flag=True,
+              help="Print a unified diff on stdout and the report on stderr; write nothing.")
 @click.option("--check", "check_only", is_flag=True,
               help="Write nothing; exit 1 if the conversion would change anything.")
 @click.option("-i", "--in-place", is_flag=True, help="Rewrite the input file(s) in place.")
@@ -58,9 +65,12 @@ Examples:
               help="Copy the runtime beside the output as distify_runtime/, so the cluster "
                    "needs no distify install.")
 @click.option("--no-config", is_flag=True, help="Do not write the launch config.")
+@click.option("-v", "--verbose", is_flag=True,
+              help="List every changed line (the report gives the same change on many lines "
+                   "as one line with the first few line numbers).")
 def convert(path: Path, output: Path | None, show_diff: bool, check_only: bool, in_place: bool,
             mixed_precision: str | None, as_json: bool, rule_files: tuple[Path, ...],
-            standalone: bool, no_config: bool) -> None:
+            standalone: bool, no_config: bool, verbose: bool) -> None:
     """Rewrite PATH (a training script, or a project folder) to run distributed.
 
     The model, optimizer, LR scheduler and DataLoaders are prepared, loss.backward() goes through
@@ -74,25 +84,37 @@ def convert(path: Path, output: Path | None, show_diff: bool, check_only: bool, 
     project = load_project_config(start=path if path.is_dir() else path.parent)
     rules = load_rules([*project.rules, *rule_files])
     runtime_module = STANDALONE_RUNTIME if standalone else "distify.runtime"
-    if path.is_dir():
-        planned = plan_project(path, None if (show_diff or check_only or in_place) else
-                               _project_output(path, output), rules, runtime_module)
-    else:
-        target = path if (in_place or show_diff or check_only) else _file_output(path, output)
-        planned = [Planned(path, target, convert_file(path, rules, runtime_module))]
+    planned, out = _plan(path, output, rules, runtime_module,
+                         to_output=not (show_diff or check_only or in_place))
     converted = [p for p in planned if p.result is not None]
     if check_only:
         _check(converted)
     if show_diff:
         for item in converted:
             click.echo(colour_diff(unified_diff(item.result, str(_display(item)))), nl=False)
+        # stdout stays a diff that `patch` and `git apply` read; the report goes to stderr
+        _report(converted, as_json, None, verbose=verbose, err=True)
         return
-    write_planned(planned, in_place=in_place, make_dirs=path.is_dir())
-    config = None if no_config else _write_config(planned, path, mixed_precision)
-    if standalone:
-        folder = (planned[0].target.parent if not path.is_dir() else planned[0].target.parent)
-        copy_runtime(folder if not path.is_dir() else _project_output(path, output))
-    _report(converted, as_json, config)
+    unwritten = _not_written(path, output, in_place, converted)
+    write_planned([p for p in planned if p not in unwritten], in_place=in_place,
+                  make_dirs=path.is_dir())
+    root = (out or path) if path.is_dir() else None
+    entry, config = _configure(converted, root, mixed_precision, no_config=no_config)
+    if standalone and not unwritten:
+        copy_runtime(root or planned[0].target.parent)
+    _report(converted, as_json, config, verbose=verbose, unwritten=unwritten,
+            launch=_launch_hint(converted, entry, config))
+
+
+def _plan(path: Path, output: Path | None, rules: RuleSet, runtime_module: str, *,
+          to_output: bool) -> tuple[list[Planned], Path | None]:
+    """Convert the file or project (nothing written yet); also the project's output folder
+    (None: a single file, or a project converted in place or previewed)."""
+    if path.is_dir():
+        out = _project_output(path, output) if to_output else None
+        return plan_project(path, out, rules, runtime_module, progress=_progress), out
+    target = _file_output(path, output) if to_output else path
+    return [Planned(path, target, convert_file(path, rules, runtime_module))], None
 
 
 def _display(item: Planned) -> Path:
@@ -123,46 +145,98 @@ def _project_output(path: Path, output: Path | None) -> Path:
     return output
 
 
-def _write_config(planned: list[Planned], path: Path,
-                  mixed_precision: str | None) -> ConfigOutcome | None:
-    """Write, keep or update the launch config beside the converted script (a single file)."""
-    if path.is_dir() or not planned or planned[0].result.status != "converted":
-        return None
-    return place_launch_config(planned[0].target.with_suffix(".yaml"),
-                               mixed_precision=mixed_precision,
-                               own_scaler=planned[0].result.own_mixed_precision)
+def _not_written(path: Path, output: Path | None, in_place: bool,
+                 converted: list[Planned]) -> list[Planned]:
+    """A single file that comes out unchanged is not copied to the default ``<name>_dist.py``
+    (clutter); an explicit ``-o`` still writes it. A project keeps all its files."""
+    if path.is_dir() or in_place or output is not None or converted[0].result.changed:
+        return []
+    return converted
 
 
-def _report(converted: list[Planned], as_json: bool, config: ConfigOutcome | None) -> None:
-    single = len(converted) == 1
-    hint = None
-    if single and converted[0].result.status == "converted":
-        hint = _launch_hint(converted[0].target, config)
+def _configure(converted: list[Planned], root: Path | None, mixed_precision: str | None, *,
+               no_config: bool) -> tuple[Planned | None, ConfigOutcome | None]:
+    """The script to launch (None: a project whose entry point is unclear) and its launch
+    config: beside that script, or ``launch.yaml`` at the top of the project (``root``)."""
+    done = [p for p in converted if p.result.status == "converted"]
+    if not done:
+        return None, None
+    entry = launch_entry(done)
+    if no_config:
+        return entry, None
+    first = entry.target.with_suffix(".yaml") if entry else root / "launch.yaml"
+    own_scaler = any(p.result.own_mixed_precision for p in ([entry] if entry else done))
+    return entry, place_launch_config(first, mixed_precision=mixed_precision,
+                                      own_scaler=own_scaler)
+
+
+def _report(converted: list[Planned], as_json: bool, config: ConfigOutcome | None, *,
+            verbose: bool, err: bool = False, unwritten: Sequence[Planned] = (),
+            launch: tuple[str, bool] | None = None) -> None:
+    """Print the report (on stderr with ``err``); ``launch`` is the command and whether every
+    file is ready for it."""
+    hint = launch[0] if launch else None
     if as_json:
         click.echo(json_report(((p.result, str(p.target)) for p in converted), launch_hint=hint,
-                               launch_config=str(config.path) if config else None))
+                               launch_config=str(config.path) if config else None), err=err)
         return
+    single = len(converted) == 1
     if not single:
         done = [p for p in converted if p.result.status == "converted"]
-        click.echo(f"{len(done)} of {len(converted)} Python file(s) converted")
+        click.echo(f"{len(done)} of {len(converted)} Python file(s) converted", err=err)
     for item in converted:
         if not single and item.result.status != "converted" and not item.result.notes:
             continue
-        click.echo(text_report(item.result, str(item.target), launch_hint=hint))
+        why = f"-o {item.target} writes a copy anyway" if item in unwritten else None
+        click.echo(text_report(item.result, str(_display(item)),
+                               launch_hint=hint if single else None, verbose=verbose,
+                               not_written=why), err=err)
+    if launch and not single:
+        click.echo(launch_line(launch[0], ready=launch[1]), err=err)
     if config:
-        click.echo(config_report(config))
+        click.echo(config_report(config), err=err)
 
 
-def _launch_hint(script: Path, config: ConfigOutcome | None) -> str:
-    """The command that launches ``script`` as converted: it names the launch config unless
-    `distify launch` finds it by itself (``<script>.yaml``)."""
+def _launch_hint(converted: list[Planned], entry: Planned | None,
+                 config: ConfigOutcome | None) -> tuple[str, bool] | None:
+    """The command that launches the result as converted, and whether every file is ready.
+
+    It names the launch config unless `distify launch` finds it by itself (``<script>.yaml``);
+    in a project whose entry point is unclear it says which scripts it could be."""
+    done = [p for p in converted if p.result.status == "converted"]
+    if not done:
+        return None
+    script, choices = (str(entry.target), "") if entry else ("SCRIPT", _choices(done))
     options = ""
-    if config is not None and config.path != script.with_suffix(".yaml"):
+    if config is not None and (entry is None or config.path != entry.target.with_suffix(".yaml")):
         options = f"--config_file {config.path} "
-    if _local_gpus():
-        return f"distify launch {options}{script}"
-    return (f"distify launch {options}--num_processes 2 --cpu {script}   "
-            "(no GPU here: 2 processes on the CPU)")
+    where = [f"SCRIPT: the entry point, {choices}"] if choices else []
+    if not _local_gpus():
+        options += "--num_processes 2 --cpu "
+        where.append("no GPU here: 2 processes on the CPU")
+    comment = f"   ({'; '.join(where)})" if where else ""
+    return f"distify launch {options}{script}{comment}", all(p.result.ready for p in done)
+
+
+def _choices(done: list[Planned]) -> str:
+    mains = [p for p in done if has_main_guard(p.result)] or done
+    names = [str(p.target) for p in mains[:3]] + (["..."] if len(mains) > 3 else [])
+    return "one of " + ", ".join(names)
+
+
+#: a project with fewer Python files converts too fast for a progress bar to help
+_PROGRESS_MIN_FILES = 10
+
+
+def _progress(files: list[Path]) -> Iterator[Path]:
+    """The files, with a progress bar on stderr while a long project converts; nothing when
+    stderr is not a terminal (piped, in CI)."""
+    if sum(p.suffix == ".py" for p in files) < _PROGRESS_MIN_FILES or not sys.stderr.isatty():
+        yield from files
+        return
+    with click.progressbar(files, label="Converting", file=sys.stderr,
+                           item_show_func=lambda p: str(p) if p else None) as bar:
+        yield from bar
 
 
 def _local_gpus() -> int:

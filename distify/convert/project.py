@@ -13,8 +13,9 @@ config gets a name of its own (``train_dist.launch.yaml``), which the launch com
 from __future__ import annotations
 
 import os
+import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -72,19 +73,41 @@ def iter_project(root: Path) -> Iterator[Path]:
             yield Path(folder) / name
 
 
-def plan_project(root: Path, out: Path | None, rules: RuleSet,
-                 runtime_module: str) -> list[Planned]:
-    """Convert every Python file under ``root``; other files are copied when ``out`` is set."""
+def plan_project(root: Path, out: Path | None, rules: RuleSet, runtime_module: str, *,
+                 progress: Callable[[list[Path]], Iterable[Path]] = iter) -> list[Planned]:
+    """Convert every Python file under ``root``; other files are copied when ``out`` is set.
+
+    Args:
+        progress: wraps the list of files as they are converted (a progress bar).
+    """
     if out is not None:
         _check_outside(root, out)
     planned = []
-    for path in iter_project(root):
+    for path in progress(list(iter_project(root))):
         target = (out / path.relative_to(root)) if out is not None else path
         if path.suffix == ".py":
             planned.append(Planned(path, target, convert_file(path, rules, runtime_module)))
         elif out is not None:
             planned.append(Planned(path, target, None))
     return planned
+
+
+#: ``if __name__ == "__main__":`` at the top level of a file
+_MAIN_GUARD = re.compile(rb"""^if\s+(__name__\s*==\s*['"]__main__['"]|['"]__main__['"]\s*==\s*"""
+                         rb"__name__)\s*:", re.MULTILINE)
+
+
+def has_main_guard(result: FileResult) -> bool:
+    return _MAIN_GUARD.search(result.source) is not None
+
+
+def launch_entry(converted: list[Planned]) -> Planned | None:
+    """The script a project is launched with: the one converted file with an
+    ``if __name__ == "__main__":``, else the only converted file; None when unclear."""
+    mains = [p for p in converted if has_main_guard(p.result)]
+    if len(mains) == 1:
+        return mains[0]
+    return converted[0] if len(converted) == 1 else None
 
 
 def _check_outside(root: Path, out: Path) -> None:

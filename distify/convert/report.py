@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import ast
 import difflib
 import json
 from collections.abc import Iterable
 
 import click
 
-from distify.convert.engine import FileResult
+from distify.convert.engine import FileResult, Item
 from distify.convert.project import ConfigOutcome
 
 
@@ -54,16 +55,35 @@ def colour_diff(diff: str) -> str:
     return "".join(out)
 
 
-def text_report(result: FileResult, output_name: str, *, launch_hint: str | None) -> str:
-    """The report printed after a conversion: changes, places to check, batch, launch."""
+#: identical changes from this many on are reported as one line (``--verbose`` lists them all)
+SUMMARY_MIN = 3
+#: line numbers shown in such a line
+SUMMARY_LINES = 5
+
+
+def text_report(result: FileResult, output_name: str, *, launch_hint: str | None,
+                verbose: bool = False, not_written: str | None = None) -> str:
+    """The report printed after a conversion: changes, places to check, batch, launch.
+
+    Args:
+        result: the conversion.
+        output_name: the converted file's name, which the line numbers refer to.
+        launch_hint: the command that launches it (None: no ``Launch:`` line).
+        verbose: one line per change, even for many identical ones.
+        not_written: why an unchanged file's output was not written (None: it was, or it is
+            the input).
+    """
     lines: list[str] = []
     if result.status != "converted":
         lines.append(f"{result.path}: unchanged ({result.reason})")
+        if not_written:
+            lines[-1] += f"; {output_name} not written ({not_written})"
+            output_name = result.path
     else:
-        lines.append(f"{result.path} → {output_name}: {len(result.changes)} change(s)")
-        for item in result.changes:
-            lines.append(f"  {output_name}:{item.line}: {item.message}")
-    if result.notes:
+        arrow = f" → {output_name}" if output_name != result.path else ""
+        lines.append(f"{result.path}{arrow}: {len(result.changes)} change(s)")
+        lines.extend(_change_lines(result.changes, output_name, verbose))
+    if result.notes:  # never summarised: each one needs a look
         lines.append("Needs a human look:")
         for item in result.notes:
             lines.append(f"  {output_name}:{item.line}: {item.message}")
@@ -71,13 +91,99 @@ def text_report(result: FileResult, output_name: str, *, launch_hint: str | None
         sizes = ", ".join(result.batch_sizes)
         lines.append(f"Batch size: {sizes} is now per process; on N processes the global batch "
                      "is N × that (scale the learning rate if you need to).")
+        lines.extend(_progress_note(result, output_name))
     if launch_hint and result.status == "converted":
-        if result.ready:
-            lines.append(f"Launch: {launch_hint}")
-        else:
-            lines.append("Not ready to launch: a model that trains may not be prepared (see the "
-                         f"notes above). Once it is: {launch_hint}")
+        lines.append(launch_line(launch_hint, ready=result.ready))
     return "\n".join(lines)
+
+
+def launch_line(launch_hint: str, *, ready: bool) -> str:
+    """``Launch: <command>``, or why it is not ready yet."""
+    if ready:
+        return f"Launch: {launch_hint}"
+    return ("Not ready to launch: a model that trains may not be prepared (see the notes "
+            f"above). Once it is: {launch_hint}")
+
+
+def _change_lines(changes: tuple[Item, ...], output_name: str, verbose: bool) -> list[str]:
+    """One line per change; the same change on many lines (300 prints) as one line with the
+    first few line numbers."""
+    by_message: dict[str, list[int]] = {}
+    for item in changes:
+        numbers = by_message.setdefault(item.message, [])
+        if item.line not in numbers:
+            numbers.append(item.line)
+    lines, done, hidden = [], set(), False
+    for item in changes:
+        numbers = by_message[item.message]
+        if verbose or len(numbers) < SUMMARY_MIN:
+            lines.append(f"  {output_name}:{item.line}: {item.message}")
+        elif item.message not in done:
+            done.add(item.message)
+            more = len(numbers) > SUMMARY_LINES
+            hidden = hidden or more
+            shown = ", ".join(map(str, numbers[:SUMMARY_LINES])) + (", ..." if more else "")
+            lines.append(f"  {output_name}: {item.message}: {len(numbers)} lines ({shown})")
+    if hidden:
+        lines.append("  (--verbose lists every line)")
+    return lines
+
+
+def _progress_note(result: FileResult, output_name: str) -> list[str]:
+    """Progress lines like ``Train Epoch: 1 [640/60000]``: printed by the main process inside
+    ``for i, batch in enumerate(loader)``, they count that process's share of the data set."""
+    printing = f"{result.runtime_name}.print(".encode()
+    if printing not in result.output:
+        return []
+    found: dict[int, bool] = {}  # line → counts samples (the counter is multiplied)
+    for loop in ast.walk(ast.parse(result.output)):
+        counter, loader = _enumerated(loop)
+        if counter is None:
+            continue
+        for node in ast.walk(loop):
+            if _is_main_print(node, result.runtime_name) and \
+                    _mentions(node, counter) and _mentions_dataset_of(node, loader):
+                found[node.lineno] = found.get(node.lineno, False) or _multiplied(node, counter)
+    if not found:
+        return []
+    where = ", ".join(f"{output_name}:{line}" for line in sorted(found))
+    what = "samples" if all(found.values()) else "batches"
+    return [f"Progress lines ({where}) count the main process's own {what}; on N processes "
+            "the global count is N × that."]
+
+
+def _enumerated(loop: ast.AST) -> tuple[str | None, str | None]:
+    """``for i, batch in enumerate(loader)``: ("i", "loader")."""
+    if not isinstance(loop, (ast.For, ast.AsyncFor)) or not isinstance(loop.iter, ast.Call):
+        return None, None
+    call, target = loop.iter, loop.target
+    if not (isinstance(call.func, ast.Name) and call.func.id == "enumerate" and call.args
+            and isinstance(call.args[0], ast.Name) and isinstance(target, ast.Tuple)
+            and target.elts and isinstance(target.elts[0], ast.Name)):
+        return None, None
+    return target.elts[0].id, call.args[0].id
+
+
+def _is_main_print(node: ast.AST, runtime: str) -> bool:
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "print" and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == runtime)
+
+
+def _mentions(node: ast.AST, name: str) -> bool:
+    return any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(node))
+
+
+def _mentions_dataset_of(node: ast.AST, loader: str) -> bool:
+    """``loader.dataset`` in the call: the total printed is the whole data set's."""
+    return any(isinstance(n, ast.Attribute) and n.attr == "dataset"
+               and isinstance(n.value, ast.Name) and n.value.id == loader
+               for n in ast.walk(node))
+
+
+def _multiplied(node: ast.AST, counter: str) -> bool:
+    return any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult) and _mentions(n, counter)
+               for n in ast.walk(node))
 
 
 def config_report(outcome: ConfigOutcome) -> str:
