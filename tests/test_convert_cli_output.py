@@ -427,3 +427,10 @@ def test_no_progress_note_where_it_would_not_be_true(workdir: Path, body: str) -
     result = run("convert", "t.py", "--no-config")
     assert "Batch size: 8" in result.output
     assert "Progress lines" not in result.output
+
+
+def test_the_json_report_says_an_unchanged_file_was_not_written(workdir: Path) -> None:
+    (workdir / "empty.py").write_bytes(b"")
+    (entry,) = json.loads(run("convert", "empty.py", "--json").output)["files"]
+    assert entry["status"] == "no-torch" and entry["output"] is None
+    assert not (workdir / "empty_dist.py").exists()

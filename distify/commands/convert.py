@@ -177,7 +177,8 @@ def _report(converted: list[Planned], as_json: bool, config: ConfigOutcome | Non
     file is ready for it."""
     hint = launch[0] if launch else None
     if as_json:
-        click.echo(json_report(((p.result, str(p.target)) for p in converted), launch_hint=hint,
+        outputs = ((p.result, None if p in unwritten else str(p.target)) for p in converted)
+        click.echo(json_report(outputs, launch_hint=hint,
                                launch_config=str(config.path) if config else None), err=err)
         return
     single = len(converted) == 1

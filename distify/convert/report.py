@@ -207,8 +207,9 @@ def config_report(outcome: ConfigOutcome) -> str:
     return "\n".join(lines)
 
 
-def json_report(results: Iterable[tuple[FileResult, str]], *, launch_hint: str | None,
+def json_report(results: Iterable[tuple[FileResult, str | None]], *, launch_hint: str | None,
                 launch_config: str | None = None) -> str:
+    """The report as JSON; an output of None is one that was not written (unchanged)."""
     files = []
     for result, output_name in results:
         files.append({
