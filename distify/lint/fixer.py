@@ -3,8 +3,11 @@
 The analysis runs on the stdlib ``ast``; only files with fixable findings are parsed again with
 LibCST here, and ``PositionProvider`` (the one metadata we need) finds the statements and calls
 the fixes name by their line and column. Adjacent statements wrapped with the same guard share
-one ``if``; a fix inside a statement that another fix already wraps is dropped; the runtime
-import is added with LibCST's ``AddImportsVisitor`` only when a guard uses it.
+one ``if``; a fix inside a statement that another fix already wraps is dropped.
+
+A fix never adds an import: the guards are spelled in the file's own vocabulary (see
+:mod:`distify.lint.checks._guard_style`), so a fixed script runs wherever it ran before. A fix
+that asks for the distify runtime to be imported (``Fix.import_runtime``) is not applied.
 """
 
 from __future__ import annotations
@@ -13,8 +16,6 @@ import difflib
 from collections.abc import Sequence
 
 import libcst as cst
-from libcst.codemod import CodemodContext
-from libcst.codemod.visitors import AddImportsVisitor
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from distify.lint.model import Fix
@@ -27,17 +28,11 @@ def apply_fixes(text: str, fixes: Sequence[Fix]) -> str:
         text: the file's source.
         fixes: fixes of findings in that source, as the checks produced them.
     """
+    fixes = [fix for fix in fixes if not fix.import_runtime]
     if not fixes:
         return text
     wrapper = MetadataWrapper(cst.parse_module(text), unsafe_skip_copy=True)
-    fixer = _Fixer(fixes, wrapper.resolve(PositionProvider))
-    module = wrapper.module.visit(fixer)
-    if fixer.imports:
-        context = CodemodContext()
-        for alias in sorted(fixer.imports):
-            AddImportsVisitor.add_needed_import(context, "distify.runtime", asname=alias)
-        module = AddImportsVisitor(context).transform_module(module)
-    return module.code
+    return wrapper.module.visit(_Fixer(fixes, wrapper.resolve(PositionProvider))).code
 
 
 def unified_diff(path: str, before: str, after: str) -> str:
@@ -53,7 +48,6 @@ class _Fixer(cst.CSTTransformer):
         self.positions = positions
         self.guards = {(fix.line, fix.col): fix for fix in fixes if fix.kind == "guard"}
         self.calls = {(fix.line, fix.col): fix for fix in fixes if fix.kind == "backward"}
-        self.imports: set[str] = set()
         self._open: list[cst.CSTNode] = []  # target statements being visited
         self._skip: set[int] = set()  # targets inside another target
 
@@ -110,8 +104,6 @@ class _Fixer(cst.CSTTransformer):
                 out.append(new)
             else:
                 group, guard = [new], fix.guard
-                if fix.import_runtime:
-                    self.imports.add(fix.import_runtime)
         if group:
             out.append(_if(guard, group))
         return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 from typing import ClassVar
 
+from distify.lint.checks._guard_style import guard_fix
 from distify.lint.engine import Site
 from distify.lint.rule import LintRule
 from distify.rules import Entry
@@ -15,8 +16,9 @@ class SideEffectRule(LintRule):
 
     A call counts as guarded when every way the walk knows of reaching it passes a main-process
     guard (see :mod:`distify.lint.guards`), including through the calls of the function it is in.
-    The fix wraps the statement in the file's own guard when the statement is the call itself
-    (or a ``with`` around it) and nothing after it needs what it binds.
+    The fix wraps the statement in a guard spelled in the file's own vocabulary (see
+    :mod:`distify.lint.checks._guard_style`) when the statement is the call itself (or a
+    ``with`` around it) and nothing after it needs what it binds.
     """
 
     KIND: ClassVar[str] = ""
@@ -50,7 +52,7 @@ class SideEffectRule(LintRule):
             whole = (isinstance(stmt, ast.Expr) and stmt.value is node) or (
                 isinstance(stmt, (ast.With, ast.AsyncWith))
                 and any(item.context_expr is node for item in stmt.items))
-            fix = ctx.guard_fix(site) if whole else None
+            fix = guard_fix(ctx, site) if whole else None
             self.report(node, self.MESSAGE.format(name=self.display(node)), site=site, fix=fix)
 
     def display(self, node: ast.Call) -> str:

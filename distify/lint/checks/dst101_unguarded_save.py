@@ -15,10 +15,10 @@ class UnguardedSave(SideEffectRule):
     Saves through an API that already writes once are fine: ``accelerator.save``, the distify
     runtime's ``distify.save``, ``save_pretrained(..., is_main_process=...)``.
 
-    The fix wraps the call in the file's own guard (``if rank == 0:``,
-    ``if accelerator.is_main_process:``, ...), or in ``if distify.is_main_process():`` with
-    ``import distify.runtime as distify`` added when the file has none. It does not touch a save
-    whose result is assigned, or one sharing a line with other code.
+    The fix wraps the call in a guard in the file's own vocabulary (``if rank == 0:``,
+    ``if master_process:``, ``if dist.get_rank() == 0:``, ``if accelerator.is_main_process:``,
+    ...); it never adds an import. It does not touch a save whose result is assigned, one
+    sharing a line with other code, or one no guard of the file's can be written for.
     """
 
     CODE = "DST101"
@@ -91,11 +91,10 @@ class UnguardedSave(SideEffectRule):
         """, line=6, fixed="""
             import torch
             from torch.nn.parallel import DistributedDataParallel as DDP
-            import distify.runtime as distify
 
             def main():
                 model = DDP(build())
-                if distify.is_main_process():
+                if torch.distributed.get_rank() == 0:
                     torch.save(model.module.state_dict(), "model.pt")
         """),
         Invalid("""

@@ -51,10 +51,9 @@ class UnguardedFilesystemChange(SideEffectRule):
             import glob
             import os
             import torch.distributed as dist
-            import distify.runtime as distify
 
             for old in glob.glob("checkpoints/*.pt")[:-3]:
-                if distify.is_main_process():
+                if dist.get_rank() == 0:
                     os.remove(old)
         """),
         Invalid("""
