@@ -69,7 +69,10 @@ Examples:
 @click.option("--dry-run", "--dry_run", "dry_run", is_flag=True,
               help="Print the torchrun command and its environment instead of running it.")
 @click.option("--slurm", is_flag=True,
-              help="Print a Slurm batch script for num_machines nodes instead of running.")
+              help="Print a Slurm batch script for num_machines nodes instead of running. "
+                   "Each node runs num_processes / num_machines processes (one per GPU); "
+                   "without --num_processes, as many as the config's machine, or this one, "
+                   "has (1 where it has no GPUs, as on a login node).")
 @click.argument("script", type=click.Path(dir_okay=False))
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def launch(config_file: str | None, script: str, script_args: tuple[str, ...], dry_run: bool,
@@ -89,12 +92,10 @@ def launch(config_file: str | None, script: str, script_args: tuple[str, ...], d
         raise UserError("script not found", path=script)
     source = config_file or _sibling_config(script)
     cfg = load_config(source) if source else default_config()
-    cfg = with_overrides(cfg, **overrides)
     if slurm:
-        from distify.launch.slurm import render_slurm
-
-        click.echo(render_slurm(cfg, script, script_args), nl=False)
+        _print_slurm(cfg, source, script, script_args, overrides)
         return
+    cfg = with_overrides(cfg, **overrides)
 
     from distify.launch.torchrun import build_plan, render_plan, run_plan
 
@@ -108,6 +109,28 @@ def launch(config_file: str | None, script: str, script_args: tuple[str, ...], d
     click.echo(f"distify: {_summary(cfg)} (config: {source or 'defaults for this machine'})",
                err=True)
     click.get_current_context().exit(run_plan(plan))
+
+
+def _print_slurm(cfg, source: str | None, script: str, script_args: tuple[str, ...],
+                 overrides: dict[str, object]) -> None:
+    """Print the batch script, or fail before printing anything (stdout is often a file)."""
+    from distify.launch.config import with_overrides
+    from distify.launch.slurm import render_slurm
+
+    per_node = cfg.nproc_per_node
+    if overrides.get("num_processes") is None and overrides.get("num_machines") is not None:
+        # The config (or this machine, often a login node without GPUs) describes one
+        # machine: every node Slurm gives gets as many processes as it has.
+        overrides = {**overrides, "num_processes": per_node * overrides["num_machines"]}
+        click.echo(f"distify: {per_node} process(es) per node, as "
+                   f"{source or 'this machine'} has; pass --num_processes <total> to change it",
+                   err=True)
+    try:
+        text = render_slurm(with_overrides(cfg, **overrides), script, script_args)
+    except UserError as err:
+        raise UserError(f"{err.message}; no batch script was printed", path=err.path,
+                        line=err.line, col=err.col) from None
+    click.echo(text, nl=False)
 
 
 def _sibling_config(script: str) -> str | None:

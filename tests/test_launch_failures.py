@@ -1,0 +1,55 @@
+"""`distify launch` as a newcomer meets it, through the real command line (issue 13): a Slurm
+script from a machine without GPUs, failed jobs summarised, Ctrl-C, a worker machine waiting for
+its main machine, mistyped options, unconverted scripts and GPUs that are not there."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import clean_env
+
+TIMEOUT = 180
+
+
+def distify_launch(*args: str, cwd, timeout: float = TIMEOUT) -> subprocess.CompletedProcess:
+    # clean_env hides every GPU: this is a machine without GPUs, like a login node.
+    return subprocess.run([sys.executable, "-m", "distify", "launch", *args], cwd=cwd,
+                          env=clean_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def folder(tmp_path):
+    (tmp_path / "train_dist.py").write_text("import distify.runtime\nprint('trained')\n")
+    return tmp_path
+
+
+def test_readme_slurm_command_works_on_a_machine_without_gpus(folder):
+    proc = distify_launch("--slurm", "--num_machines", "4", "train_dist.py", cwd=folder)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "#!/bin/bash"
+    assert "#SBATCH --nodes=4" in lines and "#SBATCH --gpus-per-node=1" in lines
+    assert any("--nnodes 4 --nproc-per-node 1" in line for line in lines)
+    subprocess.run(["bash", "-n"], input=proc.stdout, text=True, check=True)
+    assert "1 process(es) per node" in proc.stderr and "--num_processes" in proc.stderr
+
+
+def test_slurm_keeps_the_configs_processes_per_machine(folder):
+    (folder / "train_dist.yaml").write_text("distributed_type: MULTI_GPU\nnum_processes: 8\n")
+    proc = distify_launch("--slurm", "--num_machines", "2", "train_dist.py", cwd=folder)
+    assert proc.returncode == 0, proc.stderr
+    assert "#SBATCH --gpus-per-node=8" in proc.stdout.splitlines()
+
+
+def test_slurm_failure_prints_no_script(folder):
+    proc = distify_launch("--slurm", "--num_machines", "4", "--num_processes", "3",
+                          "train_dist.py", cwd=folder)
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "not a multiple of num_machines" in lines[0], proc.stderr
+    assert "no batch script was printed" in lines[0]
