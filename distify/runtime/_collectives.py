@@ -119,7 +119,7 @@ def shared_generator() -> torch.Generator:
         state = torch.default_generator.get_state()
         if debug:  # published first: the others read it once the state is there
             store.set(f"{key}/site", _debug.call_site().encode())
-        store.set(key, state.numpy().tobytes())
+        store.set(key, bytes(state.tolist()))  # uint8 values: exact, and no numpy needed
     else:  # waits until the main process has published it (up to the job's timeout)
         raw = store.get(key)
         state = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
