@@ -27,7 +27,8 @@ def script(tmp_path, monkeypatch):
 
     monkeypatch.setattr("distify.launch.torchrun.run_plan", no_job)
     path = tmp_path / "train_dist.py"
-    path.write_text("print('trained')\n")
+    # Converted (it imports the runtime), so launching it on N processes warns about nothing.
+    path.write_text("import distify.runtime\nprint('trained')\n")
     return path
 
 

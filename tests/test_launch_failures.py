@@ -53,3 +53,48 @@ def test_slurm_failure_prints_no_script(folder):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "not a multiple of num_machines" in lines[0], proc.stderr
     assert "no batch script was printed" in lines[0]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--num_proceses", "2"], "no such option: --num_proceses (did you mean --num_processes?)"),
+    (["--num-proceses=2"], "no such option: --num-proceses (did you mean --num-processes?)"),
+    (["--tee", "3"], "no such option: --tee (see distify launch --help)"),
+], ids=["typo", "typo-with-equals", "torchrun-only-option"])
+def test_unknown_option_before_the_script_is_named(folder, args, message):
+    proc = distify_launch(*args, "train_dist.py", cwd=folder)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+    assert "script not found" not in proc.stderr
+
+
+def test_options_after_the_script_still_go_to_it(folder):
+    proc = distify_launch("--dry-run", "train_dist.py", "--num_proceses", "2", cwd=folder)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1].endswith("train_dist.py --num_proceses 2")
+
+
+def test_unconverted_script_on_several_processes_warns_once(folder):
+    (folder / "train.py").write_text("import torch\nprint('trained')\n")
+    proc = distify_launch("--num_processes", "2", "--cpu", "train.py", cwd=folder)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("trained") == 2
+    assert proc.stderr.count("will train on the full data on its own") == 1, proc.stderr
+    assert "distify convert train.py" in proc.stderr
+
+
+@pytest.mark.parametrize("script,processes", [("train_dist.py", "2"), ("train.py", "1")],
+                         ids=["converted", "one-process"])
+def test_no_warning_for_converted_script_or_one_process(folder, script, processes):
+    (folder / "train.py").write_text("print('trained')\n")
+    proc = distify_launch("--dry-run", "--num_processes", processes, script, cwd=folder)
+    assert proc.returncode == 0 and "warning" not in proc.stderr, proc.stderr
+
+
+def test_gpu_ids_without_gpus_is_an_error(folder):
+    proc = distify_launch("--gpu_ids", "0,1", "--num_processes", "2", "train_dist.py", cwd=folder)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("distify: error: --gpu_ids 0,1: this machine "
+                                                   "has no GPUs"), proc.stderr
+    assert "trained" not in proc.stdout

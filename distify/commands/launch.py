@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -52,6 +54,13 @@ Examples:
   distify launch --dry-run train_dist.py            # print the torchrun command
   distify launch --debug train_dist.py              # fail fast on mismatched collectives
   distify launch --slurm --num_machines 4 train_dist.py > job.sbatch
+                                                    # 1 process per node from a login node
+                                                    # without GPUs; --num_processes 32 for 8
+  distify launch --num_proceses 2 train_dist.py     # error: no such option: --num_proceses
+                                                    # (did you mean --num_processes?)
+  distify launch --num_processes 2 train.py         # warns: not converted, every process
+                                                    # trains on the full data on its own
+  distify launch --gpu_ids 0,1 train_dist.py        # error on a machine without GPUs
 """,
 )
 @accelerate_option("config_file", type=click.Path(dir_okay=False),
@@ -88,6 +97,8 @@ def launch(config_file: str | None, script: str, script_args: tuple[str, ...], d
         script_args = script_args[1:]
     if dry_run and slurm:
         raise UserError("--dry-run and --slurm both print instead of running: use one")
+    if script.startswith("-") and not Path(script).is_file():
+        raise UserError(_no_such_option(script))
     if not Path(script).is_file():
         raise UserError("script not found", path=script)
     source = config_file or _sibling_config(script)
@@ -96,6 +107,7 @@ def launch(config_file: str | None, script: str, script_args: tuple[str, ...], d
         _print_slurm(cfg, source, script, script_args, overrides)
         return
     cfg = with_overrides(cfg, **overrides)
+    _warn_if_not_distributed(script, cfg.num_processes)
 
     from distify.launch.torchrun import build_plan, render_plan, run_plan
 
@@ -106,6 +118,7 @@ def launch(config_file: str | None, script: str, script_args: tuple[str, ...], d
     if importlib.util.find_spec("torch") is None:
         raise UserError(f"distify launch needs torch, which this Python ({sys.executable}) "
                         "does not have: pip install torch")
+    _check_gpus(cfg, source, from_option=overrides.get("gpu_ids") is not None)
     click.echo(f"distify: {_summary(cfg)} (config: {source or 'defaults for this machine'})",
                err=True)
     click.get_current_context().exit(run_plan(plan))
@@ -126,11 +139,53 @@ def _print_slurm(cfg, source: str | None, script: str, script_args: tuple[str, .
                    f"{source or 'this machine'} has; pass --num_processes <total> to change it",
                    err=True)
     try:
-        text = render_slurm(with_overrides(cfg, **overrides), script, script_args)
+        cfg = with_overrides(cfg, **overrides)
+        text = render_slurm(cfg, script, script_args)
     except UserError as err:
         raise UserError(f"{err.message}; no batch script was printed", path=err.path,
                         line=err.line, col=err.col) from None
+    _warn_if_not_distributed(script, cfg.num_processes)
     click.echo(text, nl=False)
+
+
+def _no_such_option(arg: str) -> str:
+    """The error for an option `launch` does not know, met where the script was expected."""
+    name = arg.split("=", 1)[0]
+    known = [opt for param in click.get_current_context().command.params
+             for opt in param.opts if opt.startswith("--")]
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f" (did you mean {close[0]}?)" if close else " (see distify launch --help)"
+    return f"no such option: {name}{hint}; options for the script go after it"
+
+
+# What a script that already runs distributed imports or calls.
+_DISTRIBUTED = re.compile(r"^\s*(import|from)\s+(distify|accelerate|lightning|deepspeed|horovod)\b"
+                          r"|torch\.distributed|init_process_group|DistributedDataParallel",
+                          re.MULTILINE)
+
+
+def _warn_if_not_distributed(script: str, num_processes: int) -> None:
+    if num_processes < 2:
+        return
+    try:
+        text = Path(script).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return
+    if not _DISTRIBUTED.search(text):
+        click.echo(f"distify: warning: {script} does not use torch.distributed (nor distify or "
+                   f"Accelerate): each of the {num_processes} processes will train on the full "
+                   f"data on its own; convert it first: distify convert {script}", err=True)
+
+
+def _check_gpus(cfg, source: str | None, *, from_option: bool) -> None:
+    """GPUs chosen by id must exist here: without any, the job would run on CPUs unasked."""
+    from distify.launch.config import local_gpu_count
+
+    if cfg.on_cpu or cfg.gpu_ids == "all" or local_gpu_count():
+        return
+    where = f"--gpu_ids {cfg.gpu_ids}" if from_option else f"gpu_ids '{cfg.gpu_ids}' in {source}"
+    raise UserError(f"{where}: this machine has no GPUs (none visible); drop it to run where "
+                    "the runtime finds a device, or pass --cpu to run on CPUs")
 
 
 def _sibling_config(script: str) -> str | None:
