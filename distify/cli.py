@@ -77,7 +77,7 @@ class _Main(click.Group):
     epilog="""\b
 Example:
   distify convert train.py -o train_dist.py   # rewrite, write train_dist.yaml, report
-  distify launch train_dist.py --num_processes 2
+  distify launch --num_processes 2 train_dist.py --epochs 1   # options before the script
   distify check src/                          # pre-commit linter
 """,
 )
