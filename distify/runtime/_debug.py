@@ -6,15 +6,17 @@ a :class:`DistifyError` on every rank:
 - **mismatched collectives**: before each collective that goes through the runtime (``reduce``,
   ``gather``, ``gather_for_metrics``, ``broadcast_object``, the barriers, the shuffled order of
   a prepared DataLoader, building DDP, and ``backward`` with its gradient all-reduce), the ranks
-  exchange a fingerprint (what the call is, with the dtypes and shapes that must agree, and the
-  script line that made it) with one ``all_gather_object``. A rank at another call, or one that
-  already reached the end of the script, is named with its line instead of a hang until the
-  timeout. ``shared_generator`` goes through the store, not a collective: there the other ranks
-  check the line of each draw against the main process's.
+  exchange a fingerprint of the call (a hash of what it is, with the dtypes and shapes that must
+  agree) with one ``all_gather`` of three integers; only when they differ do the ranks exchange
+  the calls and the script lines that made them (``all_gather_object``, slower). A rank at
+  another call, or one that already reached the end of the script, is named with its line
+  instead of a hang until the timeout. ``shared_generator`` goes through the store, not a
+  collective: there the other ranks check the line of each draw against the main process's.
 - **replicas drifting apart**: on the first ``backward`` and every ``DISTIFY_DEBUG_EVERY``
   (default 10) after, each prepared model's trainable parameters are checksummed bit for bit
-  (their bytes read as integers, summed in int64: one number per parameter) and travel with
-  the backward's fingerprint; a parameter that differs from rank 0's is named.
+  (their bytes read as integers, summed in int64: one number per parameter); a digest of those
+  numbers travels with the backward's fingerprint, and when the digests differ the numbers
+  themselves are exchanged to name the first parameter that differs from rank 0's.
 
 What it deliberately does not do: fingerprint the user's own ``torch.distributed`` calls, or
 DDP's buffer broadcast in each forward (that would cost a collective per forward); compare
@@ -23,6 +25,7 @@ buffers (BatchNorm statistics may differ per rank); or anything in a single proc
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 from typing import Any
@@ -56,7 +59,7 @@ def check(op: str) -> None:
     Raises:
         DistifyError: some rank is at another call (or at the end of its script).
     """
-    _exchange(op, call_site())
+    _exchange(op)
 
 
 def before_backward(op: str, modules: list[Any]) -> None:
@@ -72,10 +75,11 @@ def before_backward(op: str, modules: list[Any]) -> None:
     global _backwards, _last_equal
     _backwards += 1
     compare = _backwards == 1 or _backwards % _state.state().debug_every == 0
-    site = call_site()
-    everyone = _exchange(op, site, [_checksums(m) for m in modules] if compare else None)
+    sums = [_checksums(m) for m in modules] if compare else None
+    differ = _exchange(op, sums=sums)
+    if differ is not None:
+        _compare_weights(differ, modules, call_site())
     if compare:
-        _compare_weights([entry[2] for entry in everyone], modules, site)
         _last_equal = _backwards
 
 
@@ -100,7 +104,7 @@ def check_same_draw(number: int, main_site: str) -> None:
 def exit_matches() -> bool:
     """At a normal exit: False (after printing why) when a peer waits at a collective."""
     try:
-        _exchange("exit", _EXIT_SITE)
+        _exchange("exit", site=_EXIT_SITE)
     except DistifyError as err:  # the peer raises it too, naming the line it waits at
         print(f"DistifyError: {err}", file=sys.stderr, flush=True)
         return False
@@ -134,17 +138,45 @@ def call_site() -> str:
     return "(unknown line)"
 
 
-def _exchange(op: str, site: str, payload: Any = None) -> list[Any]:
-    everyone: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, (op, site, payload))
-    if any(entry[0] != op for entry in everyone):
+def _exchange(op: str, site: str | None = None,
+              sums: list[list[int]] | None = None) -> list[Any] | None:
+    """Compare ``op`` (and the weight checksums ``sums``) with the other ranks.
+
+    Returns every rank's ``sums`` when they differ somewhere (else None). Every rank sees the
+    same gathered numbers, so all of them take the same (slower) path when something differs.
+    ``site`` defaults to the caller's line, found only then.
+    """
+    flat = [value for module in sums for value in module] if sums is not None else None
+    mine = torch.tensor([_digest(op.encode()), -1 if flat is None else len(flat),
+                         0 if flat is None else _digest(repr(sums).encode())],
+                        dtype=torch.int64, device=_device())
+    gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, mine)
+    rows = torch.stack(gathered).tolist()
+    if any(row[0] != rows[0][0] for row in rows):
+        everyone: list[Any] = [None] * len(rows)
+        dist.all_gather_object(everyone, (op, site or call_site()))
         raise DistifyError(_mismatch(everyone))
-    return everyone
+    if all(row == rows[0] for row in rows):
+        return None
+    every_sums: list[Any] = [None] * len(rows)
+    dist.all_gather_object(every_sums, sums)
+    return every_sums
+
+
+def _digest(data: bytes) -> int:
+    """A hash that is the same in every process (``hash()`` of a str is salted per process)."""
+    return int.from_bytes(hashlib.blake2b(data, digest_size=7).digest(), "little")
+
+
+def _device() -> torch.device:
+    # NCCL only moves GPU tensors; Gloo works on CPU tensors.
+    return _state.device() if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
 def _mismatch(everyone: list[Any]) -> str:
     places: dict[tuple[str, str], list[int]] = {}
-    for rank, (op, site, _) in enumerate(everyone):
+    for rank, (op, site) in enumerate(everyone):
         places.setdefault((op, site), []).append(rank)
     where = ", ".join(
         f"rank {ranks[0]} is at {op} {site}" if len(ranks) == 1 else
@@ -184,11 +216,13 @@ def _bits(param: torch.Tensor) -> torch.Tensor:
     return tensor.view(_BITS[tensor.element_size()])
 
 
-def _compare_weights(per_rank: list[list[list[int]]], modules: list[Any], site: str) -> None:
+def _compare_weights(per_rank: list[Any], modules: list[Any], site: str) -> None:
     reference = per_rank[0]
-    if any(len(sums) != len(reference) or [len(m) for m in sums] != [len(m) for m in reference]
-           for sums in per_rank):
-        counts = ", ".join(f"rank {rank}: {len(sums)}" for rank, sums in enumerate(per_rank))
+    if any(sums is None for sums in per_rank) or any(
+            len(sums) != len(reference) or [len(m) for m in sums] != [len(m) for m in reference]
+            for sums in per_rank):
+        counts = ", ".join(f"rank {rank}: {'?' if sums is None else len(sums)}"
+                           for rank, sums in enumerate(per_rank))
         raise DistifyError(f"distify debug: the ranks prepared different models ({counts} "
                            f"under DDP, at {site}): prepare the same models on every rank")
     for index, module in enumerate(modules):
