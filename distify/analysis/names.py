@@ -29,7 +29,7 @@ class ImportMap:
     @classmethod
     def from_ast(cls, tree: ast.AST) -> "ImportMap":
         table = cls()
-        for node in ast.walk(tree):
+        for node in _statements(tree):
             if isinstance(node, ast.Import):
                 for alias in node.names:
                     table.modules.add(alias.name)
@@ -65,6 +65,25 @@ class ImportMap:
     def ast_qualname(self, node: ast.AST) -> str | None:
         """The qualified name of an ``ast`` Name/Attribute chain, else None."""
         return self.resolve(ast_dotted_name(node))
+
+
+#: the fields of a statement that hold statements (imports are statements: no expression can hold
+#: one, so the walk skips every expression, most of a file's nodes)
+_BODIES = ("body", "orelse", "finalbody", "handlers", "cases")
+
+
+def _statements(tree: ast.AST) -> list[ast.AST]:
+    """Every statement of ``tree`` (and except handlers, match cases), in source order."""
+    found: list[ast.AST] = []
+    stack = list(reversed(getattr(tree, "body", [])))
+    while stack:
+        node = stack.pop()
+        found.append(node)
+        for name in _BODIES:
+            children = getattr(node, name, None)
+            if isinstance(children, list):
+                stack.extend(reversed(children))
+    return found
 
 
 def dotted_name(node: cst.BaseExpression) -> str | None:
