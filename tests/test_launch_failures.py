@@ -4,12 +4,16 @@ its main machine, mistyped options, unconverted scripts and GPUs that are not th
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import threading
+import time
+from pathlib import Path
 
 import pytest
 
-from tests.helpers import clean_env
+from tests.helpers import clean_env, free_port
 
 TIMEOUT = 180
 
@@ -98,3 +102,58 @@ def test_gpu_ids_without_gpus_is_an_error(folder):
     assert len(lines) == 1 and lines[0].startswith("distify: error: --gpu_ids 0,1: this machine "
                                                    "has no GPUs"), proc.stderr
     assert "trained" not in proc.stdout
+
+
+BOOM = """\
+import time
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+if dist.get_rank() == 1:
+    time.sleep(0.5)
+    settings = {"lr": 1}
+    value = settings["batch_size"]
+dist.barrier()
+"""
+
+
+def test_failed_job_ends_with_a_summary_of_the_first_failure(folder):
+    (folder / "boom.py").write_text(BOOM)
+    proc = distify_launch("--num_processes", "2", "--cpu", "boom.py", cwd=folder)
+    assert proc.returncode == 1, proc.stderr  # torchrun's exit code for a failed worker
+    summary = [line for line in proc.stderr.splitlines() if line.startswith("distify: ")][-3:]
+    assert summary[0] == "distify: rank 1 failed first: KeyError: 'batch_size'", proc.stderr
+    assert summary[1] == 'distify:   at boom.py:8: value = settings["batch_size"]'
+    log = summary[2].rsplit(" ", 1)[1]
+    assert "exit code 1" in summary[2]
+    assert "Connection closed by peer" in Path(log).read_text()  # rank 0 was in the log too
+
+
+def _wait_for(lines: list[str], proc: subprocess.Popen, text: str, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not any(text in line for line in lines):
+        assert time.monotonic() < deadline and proc.poll() is None, lines
+        time.sleep(0.2)
+
+
+def test_worker_machine_says_it_waits_then_ctrl_c_exits_130(folder):
+    port = str(free_port())
+    proc = subprocess.Popen([sys.executable, "-m", "distify", "launch", "--num_machines", "2",
+                             "--machine_rank", "1", "--num_processes", "2", "--cpu",
+                             "--main_process_ip", "127.0.0.1", "--main_process_port", port,
+                             "train_dist.py"], cwd=folder, env=clean_env(), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
+    reader.start()
+    try:
+        _wait_for(lines, proc, f"waiting for the main machine 127.0.0.1:{port} (machine_rank 0)",
+                  60)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+        reader.join(10)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, lines
+    assert not any("distify/" in line and "File" in line for line in lines), lines
+    assert any(line.startswith("distify: interrupted") for line in lines), lines

@@ -61,6 +61,11 @@ Examples:
   distify launch --num_processes 2 train.py         # warns: not converted, every process
                                                     # trains on the full data on its own
   distify launch --gpu_ids 0,1 train_dist.py        # error on a machine without GPUs
+  distify launch --num_processes 2 train_dist.py    # a failed job ends with its first failure:
+      # distify: rank 1 failed first: KeyError: 'lr'
+      # distify:   at train_dist.py:41: lr = cfg["lr"]
+      # distify: the job failed with exit code 1; its full stderr, every rank's: /tmp/...log
+  distify launch --num_machines 2 --machine_rank 1 ... # says when it waits for machine_rank 0
 """,
 )
 @accelerate_option("config_file", type=click.Path(dir_okay=False),
@@ -89,7 +94,9 @@ def launch(config_file: str | None, script: str, script_args: tuple[str, ...], d
     """Run SCRIPT on N processes through torchrun (torch.distributed.run), on one machine or many.
 
     Options override the launch config. Everything after SCRIPT (or after `--`) goes to the
-    script. The job runs in the foreground; Ctrl-C is passed on and its exit code is returned.
+    script. The job runs in the foreground; its exit code is returned (130 after Ctrl-C). Its
+    stderr is streamed and kept in a log file; a failed job ends with the rank that failed
+    first, its exception and the script line, and the log's path.
     """
     from distify.launch.config import default_config, load_config, with_overrides
 
@@ -109,7 +116,7 @@ def launch(config_file: str | None, script: str, script_args: tuple[str, ...], d
     cfg = with_overrides(cfg, **overrides)
     _warn_if_not_distributed(script, cfg.num_processes)
 
-    from distify.launch.torchrun import build_plan, render_plan, run_plan
+    from distify.launch.torchrun import build_plan, failure_summary, render_plan, run_plan
 
     plan = build_plan(cfg, script, script_args)
     if dry_run:
@@ -121,7 +128,17 @@ def launch(config_file: str | None, script: str, script_args: tuple[str, ...], d
     _check_gpus(cfg, source, from_option=overrides.get("gpu_ids") is not None)
     click.echo(f"distify: {_summary(cfg)} (config: {source or 'defaults for this machine'})",
                err=True)
-    click.get_current_context().exit(run_plan(plan))
+    waiting = None
+    if cfg.num_machines > 1 and cfg.machine_rank > 0:
+        waiting = (f"waiting for the main machine {cfg.main_process_ip}:{cfg.main_process_port} "
+                   "(machine_rank 0) to start its job; it keeps waiting (Ctrl-C to stop)")
+    result = run_plan(plan, waiting_notice=waiting)
+    if result.interrupted:
+        click.echo(f"distify: interrupted; the job's stderr is in {result.log}", err=True)
+    elif result.code:
+        for line in failure_summary(result, script):
+            click.echo(f"distify: {line}", err=True)
+    click.get_current_context().exit(result.code)
 
 
 def _print_slurm(cfg, source: str | None, script: str, script_args: tuple[str, ...],

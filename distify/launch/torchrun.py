@@ -14,14 +14,20 @@ The job runs in the foreground as an argument list, never through a shell.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shlex
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from distify.errors import UserError
 from distify.launch.config import LaunchConfig
@@ -113,20 +119,52 @@ def render_plan(plan: LaunchPlan) -> str:
     return "\n".join([*lines, shlex.join(plan.argv)]) + "\n"
 
 
-def run_plan(plan: LaunchPlan) -> int:
-    """Run the job in the foreground and return its exit code (128 + N if killed by signal N).
+@dataclass(frozen=True)
+class JobResult:
+    """How a job ended: its exit code, whether Ctrl-C ended it, and its stderr's log file."""
+
+    code: int
+    interrupted: bool
+    log: str
+
+
+def run_plan(plan: LaunchPlan, *, waiting_notice: str | None = None,
+             notice_after: float = 10.0) -> JobResult:
+    """Run the job in the foreground; its stderr (torchrun's and the workers') is streamed
+    unchanged and kept in a log file for :func:`failure_summary`.
 
     The job gets its own session, so a Ctrl-C in the terminal reaches torchrun exactly once:
     through this process, which forwards SIGINT, SIGTERM and SIGHUP to it and keeps waiting
-    while torchrun shuts its workers down.
+    while torchrun shuts its workers down. The exit code is 128 + N if killed by signal N,
+    and 130 after a Ctrl-C.
+
+    Args:
+        plan: the job.
+        waiting_notice: printed once if nothing reaches stderr for ``notice_after`` seconds
+            (a worker machine silently waiting for its main machine).
+        notice_after: seconds.
     """
+    with tempfile.NamedTemporaryFile(prefix="distify-launch-", suffix=".log",
+                                     delete=False) as log:
+        code, interrupted = _run(plan, log, waiting_notice, notice_after)
+    return JobResult(code=code, interrupted=interrupted, log=log.name)
+
+
+def _run(plan: LaunchPlan, log, waiting_notice: str | None,
+         notice_after: float) -> tuple[int, bool]:
     try:
         child = subprocess.Popen(plan.argv, env={**os.environ, **plan.env},
-                                 start_new_session=True)
+                                 start_new_session=True, stderr=subprocess.PIPE)
     except OSError as err:
         raise UserError(f"cannot start {plan.argv[0]}: {err.strerror}") from None
+    heard = threading.Event()
+    pump = threading.Thread(target=_tee, args=(child.stderr, log, heard), daemon=True)
+    pump.start()
+    interrupted = []
 
     def forward(signum: int, _frame: object) -> None:
+        if signum == signal.SIGINT:
+            interrupted.append(signum)
         if child.poll() is None:
             child.send_signal(signum)
 
@@ -137,11 +175,102 @@ def run_plan(plan: LaunchPlan) -> int:
     except ValueError:
         pass  # not the main thread: signals stay with whoever owns them
     try:
-        code = child.wait()
+        if waiting_notice and not heard.wait(notice_after) and child.poll() is None:
+            print(f"distify: {waiting_notice}", file=sys.stderr, flush=True)
+        code = _wait(child, interrupted)
+        pump.join(timeout=10)  # a worker outliving torchrun may hold the pipe open
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    return code if code >= 0 else 128 - code
+    if interrupted:
+        return 130, True
+    return (code if code >= 0 else 128 - code), False
+
+
+# torchrun blocked in a rendezvous (a worker machine waiting for its main machine) does not
+# act on signals: after a Ctrl-C it gets this long, then the job's process group is killed.
+_INTERRUPT_GRACE = 15.0
+
+
+def _wait(child: subprocess.Popen, interrupted: list) -> int:
+    deadline = None
+    while True:
+        try:
+            return child.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            pass
+        if interrupted and deadline is None:
+            deadline = time.monotonic() + _INTERRUPT_GRACE
+        if deadline is not None and time.monotonic() > deadline:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
+
+
+def _tee(source, log, heard: threading.Event) -> None:
+    """Copy the job's stderr to ours as it comes (progress bars included) and to the log."""
+    out = sys.stderr.buffer
+    while chunk := os.read(source.fileno(), 65536):
+        heard.set()
+        out.write(chunk)
+        out.flush()
+        log.write(chunk)
+
+
+# torch prefixes what a worker writes to stderr with its rank once its process group exists.
+_RANK = re.compile(r"^\[rank(\d+)\]:\s?")
+_FRAME = re.compile(r'^\s*File "(.+)", line (\d+), in ')
+
+
+def failure_summary(result: JobResult, script: str) -> list[str]:
+    """Short lines that end a failed job: the first rank whose Python traceback appears in its
+    stderr, its exception, the line of ``script`` it was at, and where the full log is."""
+    first = _first_traceback(Path(result.log).read_text(encoding="utf-8", errors="replace"))
+    lines = []
+    if first:
+        rank, frames, exception = first
+        who = f"rank {rank}" if rank is not None else "a process"
+        lines.append(f"{who} failed first: {exception}")
+        target = os.path.realpath(script)
+        at_script = [(path, line, code) for path, line, code in frames
+                     if os.path.realpath(path) == target]
+        if at_script:
+            _, line, code = at_script[-1]
+            lines.append(f"  at {script}:{line}: {code}")
+    lines.append(f"the job failed with exit code {result.code}; its full stderr, every rank's: "
+                 f"{result.log}")
+    return lines
+
+
+def _first_traceback(text: str):
+    """(rank or None, [(path, line, code)], 'Type: message') of the first traceback a worker
+    printed, skipping torchrun's own (whose frames are all in torch)."""
+    streams: dict[int | None, list[str]] = {}
+    done = []
+    for raw in text.splitlines():
+        match = _RANK.match(raw)
+        rank = int(match.group(1)) if match else None
+        line = raw[match.end():] if match else raw
+        if line.startswith("Traceback (most recent call last):"):
+            streams[rank] = []
+        elif rank in streams:
+            if line.startswith((" ", "\t")) or not line.strip():
+                streams[rank].append(line)
+            else:
+                done.append((rank, _frames(streams.pop(rank)), line.strip()))
+    for rank, frames, exception in done:
+        if not all("/torch/" in path or path.startswith("<") for path, _, _ in frames):
+            return rank, frames, exception
+    return None
+
+
+def _frames(lines: list[str]) -> list[tuple[str, int, str]]:
+    frames = []
+    for i, line in enumerate(lines):
+        match = _FRAME.match(line)
+        if match:
+            code = lines[i + 1].strip() if i + 1 < len(lines) else ""
+            frames.append((match.group(1), int(match.group(2)), code))
+    return frames
 
 
 def _main_process(cfg: LaunchConfig) -> tuple[str, int]:
