@@ -65,7 +65,9 @@ Examples:
       # distify: rank 1 failed first: KeyError: 'lr'
       # distify:   at train_dist.py:41: lr = cfg["lr"]
       # distify: the job failed with exit code 1; its full stderr, every rank's: /tmp/...log
-  distify launch --num_machines 2 --machine_rank 1 ... # says when it waits for machine_rank 0
+  distify launch --num_machines 2 --machine_rank 1 --num_processes 16 \\
+      --main_process_ip 10.0.0.1 --main_process_port 29500 train_dist.py
+      # on the second machine: says so while it waits for machine_rank 0
 """,
 )
 @accelerate_option("config_file", type=click.Path(dir_okay=False),
