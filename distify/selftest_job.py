@@ -29,6 +29,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, TensorDataset
 
 import distify.runtime as distify
+from distify.runtime import _objects
 
 CHECKS = ("all-reduce", "DDP step", "save/load", "gather_for_metrics")
 _BATCH = 2
@@ -44,13 +45,12 @@ def _expect(condition: bool, message: str) -> None:
 
 
 def _everyone(value: Any) -> list[Any]:
-    """``value`` from every rank, gathered by torch.distributed itself (not the runtime under
-    test)."""
+    """``value`` from every rank, gathered with plain torch.distributed collectives (not the
+    runtime's gather under test; no NumPy needed, unlike ``dist.all_gather_object``)."""
     if distify.world_size() == 1:
         return [value]
-    gathered: list[Any] = [None] * distify.world_size()
-    dist.all_gather_object(gathered, value)
-    return gathered
+    device = distify.device() if dist.get_backend() == "nccl" else torch.device("cpu")
+    return _objects.all_gather_object(value, device)
 
 
 def start_up() -> str:

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import _data, _debug, _state
+from . import _data, _debug, _objects, _state
 from ._errors import DistifyError, DistifyTypeError
 from ._tree import map_tensors, tensors_in
 
@@ -85,9 +85,7 @@ def broadcast_object(obj: Any) -> Any:
         return obj
     if _state.state().debug:
         _debug.check("broadcast_object")
-    payload = [obj]
-    dist.broadcast_object_list(payload, src=0, device=_comm_device())
-    return payload[0]
+    return _objects.broadcast_object(obj, 0, _comm_device())
 
 
 def shared_generator() -> torch.Generator:
@@ -233,7 +231,6 @@ def _gather_tensor(tensor: torch.Tensor, drop: int) -> torch.Tensor:
 
 
 def _gather_objects(items: list, drop: int) -> list:
-    everyone: list[Any] = [None] * _state.world_size()
-    dist.all_gather_object(everyone, (items, min(drop, len(items))))
+    everyone = _objects.all_gather_object((items, min(drop, len(items))), _comm_device())
     return [item for rank_items, dropped in everyone
             for item in rank_items[: len(rank_items) - dropped]]

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler, SequentialSampler
 
-from . import _debug, _model, _state
+from . import _debug, _model, _objects, _state
 from ._errors import DistifyError
 from ._tree import map_tensors
 
@@ -191,10 +191,8 @@ def _equalise(batches: list[list[Any]], pads: list[int], target: int) -> None:
 def _broadcast_from_main(units: list[Any]) -> list[Any]:
     if _state.state().debug:
         _debug.check("DataLoader epoch (the main process's shuffled order)")
-    payload = [units if _state.rank() == 0 else None]
     device = _state.device() if dist.get_backend() == "nccl" else torch.device("cpu")
-    dist.broadcast_object_list(payload, src=0, device=device)
-    return payload[0]  # type: ignore[return-value]
+    return _objects.broadcast_object(units if _state.rank() == 0 else None, 0, device)
 
 
 def _rebuild(loader: DataLoader, sampler: _ShardSampler) -> DataLoader:

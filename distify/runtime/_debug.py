@@ -33,7 +33,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import _state
+from . import _objects, _state
 from ._errors import DistifyError
 from ._tree import tensors_in
 
@@ -154,14 +154,11 @@ def _exchange(op: str, site: str | None = None,
     dist.all_gather(gathered, mine)
     rows = torch.stack(gathered).tolist()
     if any(row[0] != rows[0][0] for row in rows):
-        everyone: list[Any] = [None] * len(rows)
-        dist.all_gather_object(everyone, (op, site or call_site()))
+        everyone = _objects.all_gather_object((op, site or call_site()), _device())
         raise DistifyError(_mismatch(everyone))
     if all(row == rows[0] for row in rows):
         return None
-    every_sums: list[Any] = [None] * len(rows)
-    dist.all_gather_object(every_sums, sums)
-    return every_sums
+    return _objects.all_gather_object(sums, _device())
 
 
 def _digest(data: bytes) -> int:
