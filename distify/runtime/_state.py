@@ -294,7 +294,7 @@ def _init_process_group(device: torch.device, rank: int, world_size: int,
     _import_group_default_modules()
     if backend == "gloo":
         _avoid_detail_debug_crash()
-    store = _restart_store(timeout)
+    store = _restart_store(timeout, world_size)
     if store is None:
         dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout)
     else:
@@ -334,20 +334,24 @@ def _avoid_detail_debug_crash() -> None:
     dist.set_debug_level(dist.DebugLevel.INFO)
 
 
-def _restart_store(timeout: datetime.timedelta) -> Any:
-    """Under torchrun's agent store, a key space of this restart attempt's own.
+def _restart_store(timeout: datetime.timedelta, world_size: int) -> Any:
+    """Under torchrun's agent store, a key space of this rendezvous round's own.
 
     After ``--max-restarts`` restarts the workers, Gloo can read the peer addresses the
-    previous attempt published in the same store and hang or fail connecting to dead ports
-    (seen with torch 2.13). Prefixing the keys with the attempt number keeps each attempt's
-    rendezvous apart. Without the agent store (plain env:// init) nothing changes.
+    previous round published in the same store and hang or fail connecting to dead ports
+    (seen with torch 2.13), so each round's keys are kept apart. The round cannot be read from
+    ``TORCHELASTIC_RESTART_COUNT``: on several machines only the agent whose worker failed
+    counts a restart, while the others restart theirs for the new membership with their count
+    unchanged, so the ranks would look in different key spaces and wait forever. Every process
+    counts itself in instead, and the count's multiple of the world size is the round, the same
+    on every rank. Without the agent store (plain env:// init) nothing changes.
     """
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
                           is_master=False, timeout=timeout)
-    return dist.PrefixStore(f"/distify/attempt_{attempt}/", store)
+    joined = store.add("/distify/joined", 1)
+    return dist.PrefixStore(f"/distify/round_{(joined - 1) // world_size}/", store)
 
 
 def shared_store() -> Any:
