@@ -64,8 +64,6 @@ class Training:
     #: scope → ordinals of the ``.backward()`` calls on a loss from a model's method
     #: (``model.compute_loss(...)``): that forward does not go through DDP
     method_losses: dict[Scope, dict[int, str]] = field(default_factory=dict)
-    #: the file calls ``.backward()`` somewhere (it trains)
-    trains: bool = False
 
 
 @dataclass
@@ -552,7 +550,6 @@ def analyse(collector: _Collector, model_classes: set[str]) -> Training:
             covered.update(flow.origin(scope, m) for m in models)
     for scope in collector.scopes.values():
         for ordinal, loss in enumerate(scope.backwards):
-            training.trains = True
             models, method = flow.models_of_loss(scope, loss)
             if method is not None:
                 training.method_losses.setdefault(scope.path, {})[ordinal] = method

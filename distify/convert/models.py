@@ -67,7 +67,7 @@ class ModelMixin(TransformerBase):
         return self._statement_target_of(self._statements[-1]) if self._statements else ""
 
     def _models_to_prepare(self, original: cst.SimpleStatementLine,
-                           updated: cst.SimpleStatementLine, pending: list[str]) -> list[str]:
+                           pending: list[str]) -> list[str]:
         """Models to prepare beside this statement: those of a known optimizer (``pending``),
         or those of an optimizer built by a call the rules do not know."""
         if pending:

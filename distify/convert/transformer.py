@@ -75,7 +75,7 @@ class DistifyTransformer(ModelMixin, PrepareMixin, DeviceMixin, LoopMixin, SideE
             return guarded
         if models:
             return cst.FlattenSentinel(self._prepare_models(updated, models))
-        models = self._models_to_prepare(original, updated, models)
+        models = self._models_to_prepare(original, models)
         joined = self._join_prepare(updated, models) if models else None
         if joined:
             return cst.FlattenSentinel(joined)
