@@ -18,15 +18,13 @@ visiting and ask :meth:`FileContext.reaches` in ``finish``.
 from __future__ import annotations
 
 import ast
-import builtins
 import io
 import re
 import tokenize
-from collections import Counter
 from dataclasses import dataclass, field
 
 from distify.analysis.facts import parse_ast
-from distify.analysis.names import ImportMap, ast_dotted_name
+from distify.analysis.names import ImportMap
 from distify.errors import UserError
 from distify.lint.guards import ALL, MAIN, GuardFacts, Reach, complement, meet
 from distify.lint.matcher import Matcher
@@ -41,7 +39,6 @@ _BINDING = (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Import, ast.ImportFrom
             ast.AsyncFunctionDef, ast.ClassDef, ast.Global, ast.Nonlocal, ast.Delete,
             ast.Return, ast.Break, ast.Continue, ast.Yield, ast.YieldFrom, ast.Await,
             ast.NamedExpr)
-_BUILTINS = frozenset(dir(builtins))
 #: the fields that hold statement blocks (``handlers`` and match ``cases`` hold nodes with one)
 _BLOCKS = ("body", "orelse", "finalbody", "handlers", "cases")
 _MAYBE_DISTRIBUTED = re.compile(rb"distributed|multiprocessing", re.IGNORECASE)
@@ -233,15 +230,6 @@ class FileContext:
 
     # --- fixes ----------------------------------------------------------------------------
 
-    def guard_fix(self, site: Site) -> Fix | None:
-        """A fix wrapping ``site``'s statement in the file's main-process guard, when safe."""
-        if not self._wrappable(site):
-            return None
-        stmt = site.stmt
-        guard, alias = self._guard_for(site.function, stmt.lineno)
-        return Fix("guard", stmt.lineno, self.char_col(stmt.lineno, stmt.col_offset), guard=guard,
-                   import_runtime=alias)
-
     def _wrappable(self, site: Site) -> bool:
         stmt = site.stmt
         if isinstance(stmt, (ast.With, ast.AsyncWith)):
@@ -259,46 +247,6 @@ class FileContext:
             if isinstance(node, ast.Call) and self.match("collectives", self.callee(node)):
                 return False  # guarding a collective would hang the other ranks
         return True
-
-    def _guard_for(self, function: ast.AST | None, line: int) -> tuple[str, str]:
-        """The guard expression to use at ``line`` and the runtime alias to import, if any.
-
-        Preference: a guard used earlier in the same function; a guard whose names are bound
-        at module level (or are the function's parameters), the most used one; the runtime's
-        ``is_main_process()`` (imported if the file does not already import the runtime).
-        """
-        candidates = self._walker.guards
-        local = [test for func, test in candidates if func is function and test.lineno < line]
-        if local:
-            return self.segment(local[-1]), ""
-        bound = self.module_names | _BUILTINS | _params(function)
-        usable = Counter(self.segment(test) for _, test in candidates
-                         if _roots(test) <= bound)
-        if usable:
-            return usable.most_common(1)[0][0], ""
-        instance = self._wrapper_guard(function, line)
-        if instance:
-            return instance, ""
-        alias = self.runtime_alias()
-        if alias:
-            return f"{alias}.is_main_process()", ""
-        alias = "distify" if "distify" not in self.module_names else "distify_runtime"
-        return f"{alias}.is_main_process()", alias
-
-    def _wrapper_guard(self, function: ast.AST | None, line: int) -> str | None:
-        """``accelerator.is_main_process`` for an ``accelerator = Accelerator()`` made earlier
-        in the same function or at module level (the ``guard`` field of ``wrappers``)."""
-        scopes = [function.body] if function is not None else []
-        scopes.append(self.tree.body)
-        for body in scopes:
-            for stmt in body:
-                if (isinstance(stmt, ast.Assign) and stmt.lineno < line
-                        and len(stmt.targets) == 1 and isinstance(stmt.value, ast.Call)):
-                    entry = self.match("wrappers", self.callee(stmt.value))
-                    name = ast_dotted_name(stmt.targets[0])
-                    if entry is not None and entry.get("guard") and name:
-                        return f"{name}.{entry.get('guard')}"
-        return None
 
     # --- the run --------------------------------------------------------------------------
 
@@ -644,18 +592,6 @@ def _module_names(tree: ast.Module) -> set[str]:
             if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
                 names.add(node.id)
     return names
-
-
-def _params(function: ast.AST | None) -> set[str]:
-    if function is None:
-        return set()
-    args = function.args
-    every = [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]
-    return {arg.arg for arg in every if arg is not None}
-
-
-def _roots(expr: ast.expr) -> set[str]:
-    return {node.id for node in ast.walk(expr) if isinstance(node, ast.Name)}
 
 
 def lint_source(source: bytes, path: str, options: LintOptions) -> FileResult:
