@@ -66,6 +66,48 @@ class ImportMap:
         """The qualified name of an ``ast`` Name/Attribute chain, else None."""
         return self.resolve(ast_dotted_name(node))
 
+    # Callee naming, the same for both trees (``convert`` walks LibCST, ``check`` walks ``ast``):
+    # a chain through a call keeps the call as ``()`` and anything else as ``<expr>``, so the
+    # rule packs match ``plt.gcf().savefig`` (``matplotlib.pyplot.gcf().savefig``) and
+    # ``fig.savefig`` alike (``**.savefig``).
+
+    def loose_qualname(self, node: ast.AST) -> str | None:
+        """The loose qualified name of an ``ast`` expression: ``pathlib.Path().write_text``,
+        ``<expr>.savefig``; None for a bare non-name."""
+        parts: list[str] = []
+        while isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+        if isinstance(node, ast.Name):
+            root = self.resolve(node.id)
+        elif isinstance(node, ast.Call):
+            inner = self.loose_qualname(node.func)
+            root = f"{inner}()" if inner else "<expr>"
+        elif parts:
+            root = "<expr>"
+        else:
+            return None
+        return ".".join([root, *reversed(parts)])
+
+    def cst_loose_qualname(self, node: cst.BaseExpression) -> str | None:
+        """:meth:`loose_qualname` for a LibCST expression (the same spelling)."""
+        import libcst as cst
+
+        parts: list[str] = []
+        while isinstance(node, cst.Attribute):
+            parts.append(node.attr.value)
+            node = node.value
+        if isinstance(node, cst.Name):
+            root = self.resolve(node.value)
+        elif isinstance(node, cst.Call):
+            inner = self.cst_loose_qualname(node.func)
+            root = f"{inner}()" if inner else "<expr>"
+        elif parts:
+            root = "<expr>"
+        else:
+            return None
+        return ".".join([root, *reversed(parts)])
+
 
 #: the fields of a statement that hold statements (imports are statements: no expression can hold
 #: one, so the walk skips every expression, most of a file's nodes)

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import libcst as cst
 
+from distify.analysis.effects import cst_shape, side_effect
 from distify.analysis.names import dotted_name
 from distify.convert.base import TransformerBase
 from distify.convert.syntax import (
@@ -24,10 +25,8 @@ from distify.convert.syntax import (
     _has_keyword,
     _is_false,
     _is_rt_call,
-    _safe_by_keyword,
     _shift_continuations,
     _with_trailing_comma,
-    _writes,
 )
 
 #: rule category, report kind, why: calls replaced one for one by the runtime's function
@@ -93,18 +92,16 @@ class SideEffectMixin(TransformerBase):
         return None
 
     def _side_effect(self, call: cst.BaseExpression) -> str | None:
-        """The side-effect kind of ``call`` when it writes on every process, else None."""
+        """The side-effect kind of ``call`` when it writes on every process, else None (the
+        decision :mod:`distify.analysis.effects` makes for ``check`` too)."""
         if not isinstance(call, cst.Call):
             return None
-        qual = self._qual(call.func)
-        if qual is None or self.rules.match("saves", qual):
+        callee = self.facts.imports.cst_loose_qualname(call.func)
+        if callee is None or self.rules.match("saves", callee) \
+                or self.rules.match("side_effects", callee) is None:
             return None
-        entry = self.rules.match("side_effects", qual)
-        if entry is None or _safe_by_keyword(call, entry.get("safe_if") or {}):
-            return None
-        if entry.get("mode_arg") is not None and not _writes(call, entry.get("mode_arg")):
-            return None
-        return entry.get("kind")
+        entry = side_effect(self.rules, callee, cst_shape(call, self.facts.imports))
+        return None if entry is None else entry.get("kind")
 
     def _is_side_effect_stmt(self, small: cst.BaseSmallStatement) -> bool:
         return isinstance(small, cst.Expr) and self._side_effect(small.value) is not None

@@ -78,7 +78,6 @@ def _strip_parens(node: cst.BaseExpression) -> cst.BaseExpression:
 
 _EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
                         whitespace_after=cst.SimpleWhitespace(""))
-_WRITE_MODES = set("wax+")
 
 
 def _has_keyword(call: cst.Call, name: str) -> bool:
@@ -106,28 +105,6 @@ def _is_false(node: cst.BaseExpression) -> bool:
 def _is_method_call(node: cst.BaseExpression, method: str) -> bool:
     return (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
             and node.func.attr.value == method)
-
-
-def _safe_by_keyword(call: cst.Call, safe_if: dict) -> bool:
-    """``os.makedirs(d, exist_ok=True)`` is safe on every process: a rule's ``safe_if``."""
-    for arg in call.args:
-        if arg.keyword is None or arg.keyword.value not in safe_if:
-            continue
-        wanted = safe_if[arg.keyword.value]
-        if wanted == "*" or (isinstance(arg.value, cst.Name) and arg.value.value == str(wanted)):
-            return True
-    return False
-
-
-def _writes(call: cst.Call, mode_arg: int) -> bool:
-    """Does an ``open``-like call open for writing (mode at ``mode_arg`` or ``mode=``)?"""
-    positional = [a for a in call.args if a.keyword is None and not a.star]
-    mode = next((a.value for a in call.args if a.keyword and a.keyword.value == "mode"), None)
-    if mode is None and len(positional) > mode_arg:
-        mode = positional[mode_arg].value
-    if isinstance(mode, cst.SimpleString):
-        return bool(set(str(mode.evaluated_value)) & _WRITE_MODES)
-    return False
 
 
 def _code(node: cst.CSTNode) -> str:

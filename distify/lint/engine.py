@@ -145,20 +145,7 @@ class FileContext:
         return self._callees[key]
 
     def loose_qualname(self, node: ast.AST) -> str | None:
-        parts: list[str] = []
-        while isinstance(node, ast.Attribute):
-            parts.append(node.attr)
-            node = node.value
-        if isinstance(node, ast.Name):
-            root = self.imports.resolve(node.id)
-        elif isinstance(node, ast.Call):
-            inner = self.loose_qualname(node.func)
-            root = f"{inner}()" if inner else "<expr>"
-        elif parts:
-            root = "<expr>"
-        else:
-            return None
-        return ".".join([root, *reversed(parts)])
+        return self.imports.loose_qualname(node)
 
     def match(self, category: str, name: str | None):
         return self.matcher.match(category, name)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 from typing import ClassVar
 
+from distify.analysis.effects import ast_shape, side_effect
 from distify.lint.checks._guard_style import guard_fix
 from distify.lint.engine import Site
 from distify.lint.rule import LintRule
@@ -29,15 +30,12 @@ class SideEffectRule(LintRule):
         self.sites: list[tuple[ast.Call, Site, Entry]] = []
 
     def visit_Call(self, node: ast.Call) -> None:
-        entry = self.ctx.match("side_effects", self.ctx.callee(node))
-        if entry is None or entry.get("kind") != self.KIND or _made_safe(node, entry):
+        callee = self.ctx.callee(node)
+        if callee is None or self.ctx.match("side_effects", callee) is None:
             return
-        if self.applies(node, entry):
+        entry = side_effect(self.ctx.matcher, callee, ast_shape(node, self.ctx.imports))
+        if entry is not None and entry.get("kind") == self.KIND:
             self.sites.append((node, self.ctx.site(), entry))
-
-    def applies(self, node: ast.Call, entry: Entry) -> bool:
-        """Whether this call of a matching name is a side effect (rules refine it)."""
-        return True
 
     def keep(self, node: ast.Call, entry: Entry) -> bool:
         """Last look in ``finish``, when the whole file has been seen."""
@@ -58,14 +56,3 @@ class SideEffectRule(LintRule):
     def display(self, node: ast.Call) -> str:
         return self.ctx.segment(node.func)
 
-
-def _made_safe(node: ast.Call, entry: Entry) -> bool:
-    """``safe_if``: a keyword argument that makes the call safe on every rank."""
-    safe_if = entry.get("safe_if") or {}
-    for keyword in node.keywords:
-        if keyword.arg in safe_if:
-            wanted = safe_if[keyword.arg]
-            if wanted == "*" or (isinstance(keyword.value, ast.Constant)
-                                 and keyword.value.value == wanted):
-                return True
-    return False

@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import ast
-import re
 
+from distify.analysis.effects import HANDLE_KEYWORDS, is_open_call
 from distify.analysis.names import ast_dotted_name
 from distify.lint.checks._side_effects import SideEffectRule
 from distify.lint.rule import Invalid, Valid
 from distify.rules import Entry
-
-_MODE = re.compile(r"[rwxabtU+]+")
-_HANDLE_KEYWORDS = ("fp", "file", "stream", "f")
-_CONSOLE = frozenset({"sys.stdout", "sys.stderr"})
 
 
 class UnguardedFileWrite(SideEffectRule):
@@ -112,18 +108,10 @@ class UnguardedFileWrite(SideEffectRule):
         super().__init__(ctx)
         self.handles: set[str] = set()
 
-    def applies(self, node: ast.Call, entry: Entry) -> bool:
-        if entry.get("mode_arg") is not None:
-            return _writes(_argument(node, entry.get("mode_arg"), ("mode",)))
-        if entry.get("handle_arg") is not None:
-            handle = _argument(node, entry.get("handle_arg"), _HANDLE_KEYWORDS)
-            return handle is not None and self.ctx.imports.ast_qualname(handle) not in _CONSOLE
-        return True
-
     def keep(self, node: ast.Call, entry: Entry) -> bool:
         if entry.get("handle_arg") is None:
             return True
-        handle = _argument(node, entry.get("handle_arg"), _HANDLE_KEYWORDS)
+        handle = _argument(node, entry.get("handle_arg"), HANDLE_KEYWORDS)
         return not (self._is_open(handle) or ast_dotted_name(handle) in self.handles)
 
     def visit_withitem(self, node: ast.withitem) -> None:
@@ -137,8 +125,7 @@ class UnguardedFileWrite(SideEffectRule):
     def _is_open(self, node: ast.AST | None) -> bool:
         if not isinstance(node, ast.Call):
             return False
-        entry = self.ctx.match("side_effects", self.ctx.callee(node))
-        return entry is not None and entry.get("mode_arg") is not None
+        return is_open_call(self.ctx.matcher, self.ctx.callee(node))
 
 
 def _argument(node: ast.Call, index: int, keywords: tuple[str, ...]) -> ast.expr | None:
@@ -150,7 +137,3 @@ def _argument(node: ast.Call, index: int, keywords: tuple[str, ...]) -> ast.expr
             return keyword.value
     return None
 
-
-def _writes(mode: ast.expr | None) -> bool:
-    return (isinstance(mode, ast.Constant) and isinstance(mode.value, str)
-            and _MODE.fullmatch(mode.value) is not None and bool(set(mode.value) & set("wax+")))
