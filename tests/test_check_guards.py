@@ -1,4 +1,4 @@
-"""Guard recognition (distify.lint.guards): who sees each condition true."""
+"""Guard recognition (distify.analysis.guards): who sees each condition true."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import ast
 import pytest
 
 from distify.lint.engine import _collect
-from distify.lint.guards import ALL, MAIN, NOT_MAIN, SOME, GuardFacts
+from distify.analysis.guards import ALL, MAIN, NOT_MAIN, SOME, GuardFacts
 from distify.lint.matcher import Matcher
 from distify.rules import default_rules
 

@@ -11,23 +11,19 @@ import ast
 import warnings
 from dataclasses import dataclass, field
 
+from distify.analysis import parallelism
 from distify.analysis.names import ImportMap
+from distify.analysis.parallelism import Parallelism
 from distify.analysis.training import Training, analyse, collect
 from distify.errors import UserError
 from distify.rules import RuleSet
-
-# Cheap substring test before walking the tree for distributed markers.
-_MARKER_HINTS = ("distributed", "Distributed", "accelerate", "lightning", "deepspeed", "horovod",
-                 "import ray", "from ray", "ray.train", "spawn", "local_rank", "RANK", "distify",
-                 "Process")
-_RANK_ENV = {"RANK", "LOCAL_RANK", "WORLD_SIZE"}
 
 
 @dataclass
 class FileFacts:
     imports: ImportMap
-    #: why the file counts as already distributed, with the line, or None
-    distributed: tuple[int, str] | None = None
+    #: whether (and why) the file is already distributed or multi-process, or None
+    parallel: Parallelism | None = None
     #: local classes whose bases resolve to a model base (nn.Module, PreTrainedModel, ...)
     model_classes: set[str] = field(default_factory=set)
     #: every identifier the file binds or reads
@@ -79,7 +75,8 @@ def gather_facts(tree: ast.Module, source: bytes, rules: RuleSet) -> FileFacts:
     """Collect :class:`FileFacts` in one walk of ``tree`` (shared with the training analysis
     when the file may train)."""
     facts = FileFacts(imports=ImportMap.from_ast(tree))
-    check_markers = any(hint.encode() in source for hint in _MARKER_HINTS)
+    markers = (parallelism.Finder(facts.imports, rules)
+               if any(hint in source for hint in parallelism.HINTS) else None)
     seed_names = ({name.rsplit(".", 1)[-1] for name in rules.names("seeds")}
                   if b"seed" in source else set())
     classes: list[ast.ClassDef] = []
@@ -110,13 +107,14 @@ def gather_facts(tree: ast.Module, source: bytes, rules: RuleSet) -> FileFacts:
                 and _last_name(node.func) in seed_names:
             facts.seeds = rules.match("seeds",
                                       facts.imports.ast_qualname(node.func)) is not None
-        if check_markers and facts.distributed is None:
-            facts.distributed = _marker(node, facts.imports, rules)
+        if markers is not None and not markers.done:
+            markers.see(node)
 
     collected = collect(tree, facts.imports, rules, each) if trains else None
     if collected is None:
         for node in ast.walk(tree):
             each(node)
+    facts.parallel = markers.result() if markers is not None else None
     facts.names.update(facts.imports.aliases)
     facts.bound.update(facts.imports.aliases)
     facts.model_classes = _model_classes(classes, facts.imports, rules)
@@ -133,23 +131,6 @@ def _last_name(node: ast.expr) -> str | None:
     if isinstance(node, ast.Attribute):
         return node.attr
     return node.id if isinstance(node, ast.Name) else None
-
-
-def _marker(node: ast.AST, imports: ImportMap, rules: RuleSet) -> tuple[int, str] | None:
-    if isinstance(node, (ast.Import, ast.ImportFrom)):
-        names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
-                 else [f"{node.module}.{alias.name}" for alias in node.names] + [node.module])
-        for name in names:
-            if name and rules.match("distributed_markers", name):
-                return node.lineno, f"imports {name}"
-    elif isinstance(node, ast.Attribute):
-        qualname = imports.ast_qualname(node)
-        if qualname and rules.match("distributed_markers", qualname):
-            return node.lineno, f"uses {qualname}"
-    elif (isinstance(node, ast.Constant) and isinstance(node.value, str)
-          and (node.value in ("--local_rank", "--local-rank") or node.value in _RANK_ENV)):
-        return node.lineno, f"reads {node.value!r}"
-    return None
 
 
 def _model_classes(classes: list[ast.ClassDef], imports: ImportMap, rules: RuleSet) -> set[str]:

@@ -9,8 +9,9 @@ from typing import Any, ClassVar
 
 import libcst as cst
 
+from distify.analysis.evaluation import is_eval_context
 from distify.analysis.facts import FileFacts
-from distify.convert.syntax import _LOOP_WRAPPERS, _NO_GRAD, _callee, _code, _is_zero
+from distify.convert.syntax import _LOOP_WRAPPERS, _callee, _code, _is_zero
 from distify.rules import RuleSet
 
 
@@ -236,7 +237,7 @@ class TransformerBase(cst.CSTTransformer):
         params = node.params
         for param in (*params.posonly_params, *params.params, *params.kwonly_params):
             scope.params.add(param.name.value)
-        scope.no_grad = any(self._qual(_callee(d.decorator)) in _NO_GRAD
+        scope.no_grad = any(is_eval_context(self.rules, self._qual(_callee(d.decorator)))
                             for d in node.decorators)
         self._scopes.append(scope)
         self._path.append(node.name.value)

@@ -84,10 +84,9 @@ def convert_source(source: bytes, path: str = "<string>", rules: RuleSet | None 
     facts = gather_facts(tree, source, rules) if b"torch" in source else None
     if facts is None or not any(m.split(".")[0] in _TORCH_ROOTS for m in facts.imports.modules):
         return FileResult(path, source, source, "no-torch", reason="does not import torch")
-    if facts.distributed is not None:
-        line, why = facts.distributed
+    if facts.parallel is not None:
         return FileResult(path, source, source, "already-distributed",
-                          reason=f"already distributed (line {line} {why})")
+                          reason=facts.parallel.reason)
     module = _parse_cst(source, path)
     rt = next((n for n in _RUNTIME_NAMES if n not in facts.names), "_distify_runtime")
     transformer = DistifyTransformer(facts, rules, rt)

@@ -15,11 +15,11 @@ from collections.abc import Sequence
 import libcst as cst
 
 from distify.analysis.effects import cst_shape, side_effect
+from distify.analysis.evaluation import is_eval_context
 from distify.analysis.names import dotted_name
 from distify.convert.base import TransformerBase
 from distify.convert.syntax import (
     _EQUAL,
-    _NO_GRAD,
     _callee,
     _code,
     _has_keyword,
@@ -141,13 +141,14 @@ class SideEffectMixin(TransformerBase):
         return out
 
     def visit_With(self, node: cst.With) -> None:
-        if any(self._qual(_callee(item.item)) in _NO_GRAD for item in node.items):
+        if any(is_eval_context(self.rules, self._qual(_callee(item.item))) for item in node.items):
             self._no_grad_depth += 1
         if self._writes_file(node):
             self._main_only_depth += 1
 
     def leave_With(self, original: cst.With, updated: cst.With):
-        if any(self._qual(_callee(item.item)) in _NO_GRAD for item in original.items):
+        if any(is_eval_context(self.rules, self._qual(_callee(item.item)))
+               for item in original.items):
             self._no_grad_depth -= 1
         by_path = self._checkpoint_by_path(updated)
         if self._writes_file(original):

@@ -10,8 +10,6 @@ from distify.analysis.names import dotted_name
 
 _LOOP_WRAPPERS = {"enumerate", "tqdm", "tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm",
                   "iter", "zip"}
-_NO_GRAD = {"torch.no_grad", "torch.inference_mode", "torch.autograd.no_grad",
-            "torch.autograd.grad_mode.no_grad"}
 _PARAM_METHODS = {"parameters", "named_parameters"}
 _DEVICE_WORDS = ("cuda", "mps", "xpu")
 

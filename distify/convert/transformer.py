@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from distify.analysis.evaluation import switches_to_eval
 from distify.analysis.names import dotted_name
 from distify.convert.base import Edit, TransformerBase
 from distify.convert.devices import DeviceMixin
@@ -170,7 +171,8 @@ class DistifyTransformer(ModelMixin, PrepareMixin, DeviceMixin, LoopMixin, SideE
     # ---------------------------------------------------------------- calls
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
-        if isinstance(func, cst.Attribute) and func.attr.value == "eval" and not node.args:
+        if isinstance(func, cst.Attribute) and switches_to_eval(
+                func.attr.value, [False if _is_literal_false(a.value) else a for a in node.args]):
             self._scope.saw_eval = True
         if (isinstance(func, cst.Attribute) and func.attr.value in ("append", "extend")
                 and isinstance(func.value, cst.Name) and self._loops
@@ -215,3 +217,7 @@ class DistifyTransformer(ModelMixin, PrepareMixin, DeviceMixin, LoopMixin, SideE
         if self._removed and updated.body:
             self._attach_removals(updated.body[-1])
         return updated.with_changes(body=self._tidy_block(updated.body))
+
+
+def _is_literal_false(node: cst.BaseExpression) -> bool:
+    return isinstance(node, cst.Name) and node.value == "False"

@@ -1,8 +1,9 @@
 """``distify check``: a linter for the pitfalls of distributed PyTorch training scripts.
 
 Layout: :mod:`.engine` walks a file once (stdlib ``ast``) and runs every rule in
-:mod:`.checks` (one module per rule); :mod:`.guards` recognises main-process guards (``convert``
-may reuse it); :mod:`.suppression` reads ``# noqa``; :mod:`.fixer` applies ``--fix`` with LibCST;
+:mod:`.checks` (one module per rule); main-process guards, side effects, callee names and whether
+a file is distributed come from :mod:`distify.analysis`, shared with ``convert``;
+:mod:`.suppression` reads ``# noqa``; :mod:`.fixer` applies ``--fix`` with LibCST;
 :mod:`.discovery` finds files and skips those without torch unread; :mod:`.config` reads
 ``[tool.distify.check]``; :mod:`.runner` checks many files in parallel; :mod:`.output` renders
 findings as concise text, JSON, GitHub annotations or SARIF.

@@ -96,7 +96,10 @@ def _summary(results: list[FileResult], findings: list[Finding], fixed: int,
     scope = f"{checked} file{'s' if checked != 1 else ''} checked"
     if skipped:
         hint = "" if request.check_all else "; --all checks non-distributed ones"
-        scope += f", {skipped} skipped (no torch or not distributed{hint})"
+        why = "no torch or not distributed"
+        if any(result.skipped.startswith("multi-process") for result in results):
+            why = "no torch, not distributed, or multi-process without torch.distributed"
+        scope += f", {skipped} skipped ({why}{hint})"
     parts = []
     if request.diff or request.fix:
         parts.append(f"{'would fix' if request.diff else 'fixed'} {_plural(fixed, 'finding')}")

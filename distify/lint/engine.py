@@ -23,10 +23,11 @@ import re
 import tokenize
 from dataclasses import dataclass, field
 
+from distify.analysis import parallelism
 from distify.analysis.facts import parse_ast
+from distify.analysis.guards import ALL, MAIN, GuardFacts, Reach, complement, meet
 from distify.analysis.names import ImportMap
 from distify.errors import UserError
-from distify.lint.guards import ALL, MAIN, GuardFacts, Reach, complement, meet
 from distify.lint.matcher import Matcher
 from distify.lint.model import PARSE_ERROR, FileResult, Finding, Fix
 from distify.lint.rule import REGISTRY, LintRule
@@ -41,7 +42,6 @@ _BINDING = (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Import, ast.ImportFrom
             ast.NamedExpr)
 #: the fields that hold statement blocks (``handlers`` and match ``cases`` hold nodes with one)
 _BLOCKS = ("body", "orelse", "finalbody", "handlers", "cases")
-_MAYBE_DISTRIBUTED = re.compile(rb"distributed|multiprocessing", re.IGNORECASE)
 RUNTIME_MODULES = ("distify.runtime", "distify_runtime")
 
 
@@ -123,7 +123,9 @@ class FileContext:
         self.function_names = frozenset(func.name for func in functions)
         self.facts = GuardFacts.collect(assigns, functions, self.imports, self.matcher)
         self.module_names = _module_names(tree) | set(self.imports.aliases)
-        self.distributed = self._imports_distributed()
+        #: already distributed (see :mod:`distify.analysis.parallelism`, shared with convert)
+        self.parallel = parallelism.find(tree, source, self.imports, self.matcher)
+        self.distributed = self.parallel is not None and self.parallel.kind == "distributed"
         self.function: ast.AST | None = None
         self.stmt: ast.stmt = tree
         self.next_line: int | None = None
@@ -236,10 +238,6 @@ class FileContext:
         return True
 
     # --- the run --------------------------------------------------------------------------
-
-    def _imports_distributed(self) -> bool:
-        names = self.imports.modules | set(self.imports.aliases.values())
-        return any(self.match("distributed_markers", name) for name in names)
 
     def run(self, rule_classes: list[type[LintRule]]) -> list[Finding]:
         self._noqa_lines: list[tuple[int, ...]] = []
@@ -485,8 +483,6 @@ class _Walker:
             self.callee_ids.add(id(func))
             if name in ctx.function_names:
                 self.call_sites.setdefault(name, []).append(ctx.site())
-        if not ctx.distributed and ctx.match("distributed_markers", ctx.callee(node)):
-            ctx.distributed = True
         self._dispatch(node, handlers)
         self.children(node)
         if (isinstance(ctx.stmt, ast.Expr) and ctx.stmt.value is node
@@ -596,15 +592,13 @@ def lint_source(source: bytes, path: str, options: LintOptions) -> FileResult:
         tree = parse_ast(source, path)
     except UserError as err:  # the same one-line message and position `convert` gives
         return FileResult(path, (_parse_error(path, err),))
-    if not options.check_all and not _MAYBE_DISTRIBUTED.search(source):
-        imports = _collect(tree)[2]
-        names = imports.modules | set(imports.aliases.values())
-        if not any(options.matcher.match("distributed_markers", name) for name in names):
-            return FileResult(path, skipped="not distributed")
-    ctx = FileContext(path, source, tree, options)
-    findings = ctx.run([REGISTRY[code] for code in options.codes])
-    if not ctx.distributed and not options.check_all:
+    if not options.check_all and not any(hint in source for hint in parallelism.HINTS):
         return FileResult(path, skipped="not distributed")
+    ctx = FileContext(path, source, tree, options)
+    if not ctx.distributed and not options.check_all:
+        why = "multi-process, not distributed" if ctx.parallel else "not distributed"
+        return FileResult(path, skipped=why)
+    findings = ctx.run([REGISTRY[code] for code in options.codes])
     return FileResult(path, tuple(findings))
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import ast
 from typing import ClassVar
 
+from distify.analysis.guards import ALL, MAIN, NOT_MAIN
 from distify.lint.engine import Site, State
-from distify.lint.guards import ALL, MAIN, NOT_MAIN
 from distify.lint.rule import LintRule
 
 

@@ -35,9 +35,9 @@ import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 
+from distify.analysis.guards import MAIN
 from distify.analysis.names import ast_dotted_name
 from distify.lint.engine import FileContext, Site
-from distify.lint.guards import MAIN
 from distify.lint.model import Fix
 
 RUNTIME, ACCELERATE, FABRIC, LIGHTNING, TORCH = (

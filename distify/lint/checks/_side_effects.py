@@ -16,7 +16,8 @@ class SideEffectRule(LintRule):
     """Reports calls of one ``kind`` of side effect that every rank runs.
 
     A call counts as guarded when every way the walk knows of reaching it passes a main-process
-    guard (see :mod:`distify.lint.guards`), including through the calls of the function it is in.
+    guard (see :mod:`distify.analysis.guards`), including through the calls of the function it
+    is in.
     The fix wraps the statement in a guard spelled in the file's own vocabulary (see
     :mod:`distify.lint.checks._guard_style`) when the statement is the call itself (or a
     ``with`` around it) and nothing after it needs what it binds.

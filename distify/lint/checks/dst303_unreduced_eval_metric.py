@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import ast
-import re
 from dataclasses import dataclass, field
 
+from distify.analysis.evaluation import EVAL_FUNCTION_NAME, is_eval_context, switches_to_eval
 from distify.analysis.names import ast_dotted_name
 from distify.lint.checks._wrappers import Wrappers
 from distify.lint.rule import Invalid, LintRule, Valid
-
-_EVAL_NAME = re.compile(r"eval|test|valid|(^|_)val(_|$)", re.IGNORECASE)
 
 
 @dataclass
@@ -157,7 +155,7 @@ class UnreducedEvalMetric(LintRule):
 
     def _eval_context(self, expr: ast.expr) -> bool:
         target = expr.func if isinstance(expr, ast.Call) else expr
-        return self.ctx.match("eval_contexts", self.ctx.loose_qualname(target)) is not None
+        return is_eval_context(self.ctx.matcher, self.ctx.loose_qualname(target))
 
     def visit_For(self, node: ast.For) -> None:
         function = self.ctx.function
@@ -176,7 +174,7 @@ class UnreducedEvalMetric(LintRule):
         if self.eval_depth:
             return True
         if function is not None:
-            if _EVAL_NAME.search(function.name):
+            if EVAL_FUNCTION_NAME.search(function.name):
                 return True
             for decorator in function.decorator_list:
                 if self._eval_context(decorator):
@@ -222,7 +220,8 @@ class UnreducedEvalMetric(LintRule):
             short = func.id if isinstance(func, ast.Name) else func.attr
             if short in ctx.function_names:
                 self.calls.setdefault(short, []).append(node)
-            if short == "eval" and not node.args:
+            values = [arg.value if isinstance(arg, ast.Constant) else arg for arg in node.args]
+            if isinstance(func, ast.Attribute) and switches_to_eval(short, values):
                 self.eval_lines.setdefault(function, []).append(node.lineno)
         if ctx.match("collectives", callee):
             if self.active and self.active[-1].function is function:

@@ -1,4 +1,5 @@
-"""Recognising main-process guards: which ranks see a condition true.
+"""Recognising main-process guards: which ranks see a condition true (used by ``check``; a file
+``convert`` rewrites has no guards of its own, since any rank test makes it distributed).
 
 A guard is any test whose truth depends on the process's rank. People write them in many shapes,
 all recognised here from the stdlib ``ast`` (no LibCST metadata), with names resolved through the
@@ -23,9 +24,15 @@ from __future__ import annotations
 import ast
 import enum
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from distify.analysis.names import ImportMap, ast_dotted_name
-from distify.lint.matcher import Matcher
+
+
+class Matcher(Protocol):
+    """The rule packs, or ``distify check``'s cached look-ups in them."""
+
+    def match(self, category: str, name: str | None) -> Any: ...
 
 
 class Reach(enum.Enum):

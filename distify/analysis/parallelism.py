@@ -1,0 +1,124 @@
+"""Is a file already parallel? One answer for ``convert`` (which leaves such files alone) and
+``check`` (which checks only distributed ones).
+
+Two kinds:
+
+- **distributed**: its processes are ranks of one job. It imports or uses a name of the
+  ``distributed_markers`` pack (``torch.distributed``, DDP, ``DistributedSampler``, Accelerate,
+  Lightning, DeepSpeed, Horovod, ``mp.spawn``, the distify runtime, ...) or reads the launcher's
+  rank variables (``"RANK"``, ``"LOCAL_RANK"``, ``"WORLD_SIZE"``, ``--local_rank``).
+- **multi-process**: Hogwild. Processes started with ``torch.multiprocessing`` /
+  ``multiprocessing`` train one model in shared memory (``model.share_memory()``) and no
+  ``torch.distributed`` is involved. Its parent is one process: a save after ``join()`` is not
+  repeated by any rank, so ``check`` has nothing to say about it, and ``convert`` must not wrap
+  the model of every worker in DDP.
+
+The walk is fed node by node (:class:`Finder`), so :func:`distify.analysis.facts.gather_facts`
+shares its single walk of the file; :func:`find` walks a tree on its own.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from distify.analysis.names import ImportMap
+
+#: cheap substring test before walking a tree for markers (every marker contains one of these)
+HINTS = (b"distributed", b"Distributed", b"accelerate", b"lightning", b"deepspeed", b"horovod",
+         b"import ray", b"from ray", b"ray.train", b"spawn", b"local_rank", b"local-rank",
+         b"RANK", b"WORLD_SIZE", b"distify", b"Process", b"multiprocessing")
+_RANK_ENV = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE"})
+_RANK_FLAGS = frozenset({"--local_rank", "--local-rank"})
+#: what starts Hogwild workers (with ``share_memory()`` and no ``torch.distributed``)
+_PROCESS_STARTERS = ("torch.multiprocessing.", "multiprocessing.")
+
+
+class _Matches(Protocol):
+    def match(self, category: str, name: str | None) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    kind: Literal["distributed", "multi-process"]
+    line: int
+    why: str
+
+    @property
+    def reason(self) -> str:
+        """``already distributed (line 3 reads 'LOCAL_RANK')``."""
+        if self.kind == "multi-process":
+            return (f"already multi-process (line {self.line} {self.why}, and the model is "
+                    "shared in memory: Hogwild training, not torch.distributed)")
+        return f"already distributed (line {self.line} {self.why})"
+
+
+class Finder:
+    """Collects markers from the nodes it is shown; :meth:`result` gives the answer."""
+
+    def __init__(self, imports: ImportMap, rules: _Matches) -> None:
+        self.imports = imports
+        self.rules = rules
+        self.distributed: tuple[int, str] | None = None
+        self.processes: tuple[int, str] | None = None  # a process starter (maybe Hogwild)
+        self.shares_memory = False
+
+    @property
+    def done(self) -> bool:
+        return self.distributed is not None
+
+    def see(self, node: ast.AST) -> None:
+        if self.distributed is not None:
+            return
+        if isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Attribute) and func.attr in ("share_memory", "share_memory_"):
+                self.shares_memory = True
+            return
+        found = self._marker(node)
+        if found is None:
+            return
+        line, why, name = found
+        if name is not None and name.startswith(_PROCESS_STARTERS):
+            if self.processes is None:
+                self.processes = (line, why)
+        else:
+            self.distributed = (line, why)
+
+    def result(self) -> Parallelism | None:
+        if self.distributed is not None:
+            return Parallelism("distributed", *self.distributed)
+        if self.processes is not None:
+            kind = "multi-process" if self.shares_memory else "distributed"
+            return Parallelism(kind, *self.processes)
+        return None
+
+    def _marker(self, node: ast.AST) -> tuple[int, str, str | None] | None:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [f"{node.module}.{alias.name}" for alias in node.names] + [node.module])
+            for name in names:
+                if name and self.rules.match("distributed_markers", name):
+                    return node.lineno, f"imports {name}", name
+        elif isinstance(node, ast.Attribute):
+            qualname = self.imports.ast_qualname(node)
+            if qualname and self.rules.match("distributed_markers", qualname):
+                return node.lineno, f"uses {qualname}", qualname
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                and (node.value in _RANK_FLAGS or node.value in _RANK_ENV):
+            return node.lineno, f"reads {node.value!r}", None
+        return None
+
+
+def find(tree: ast.Module, source: bytes, imports: ImportMap,
+         rules: _Matches) -> Parallelism | None:
+    """Whether the file is already distributed or multi-process, and why (with the line)."""
+    if not any(hint in source for hint in HINTS):
+        return None
+    finder = Finder(imports, rules)
+    for node in ast.walk(tree):
+        finder.see(node)
+        if finder.done:
+            break
+    return finder.result()
