@@ -186,8 +186,9 @@ def _report(converted: list[Planned], as_json: bool, config: ConfigOutcome | Non
         done = [p for p in converted if p.result.status == "converted"]
         click.echo(f"{len(done)} of {len(converted)} Python file(s) converted", err=err)
     for item in converted:
-        if not single and item.result.status != "converted" and not item.result.notes:
-            continue
+        if not single and item.result.status in ("unchanged", "no-torch") \
+                and not item.result.notes:
+            continue  # a distributed file is listed: the report says why it was left alone
         why = f"-o {item.target} writes a copy anyway" if item in unwritten else None
         click.echo(text_report(item.result, str(_display(item)),
                                launch_hint=hint if single else None, verbose=verbose,

@@ -8,6 +8,7 @@ not touch come out byte for byte.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,7 +17,9 @@ from typing import Literal
 import libcst as cst
 
 from distify.analysis.facts import gather_facts, parse_ast
+from distify.analysis.names import ImportMap
 from distify.analysis.positions import lines_of, start_line
+from distify.analysis.project import module_names
 from distify.convert.transformer import DistifyTransformer
 from distify.errors import UserError
 from distify.rules import RuleSet, default_rules
@@ -53,6 +56,8 @@ class FileResult:
     runtime_name: str = "distify"
     #: the script has its own GradScaler: distify's mixed precision must stay off
     own_mixed_precision: bool = False
+    #: the modules it imports (``model``, ``.utils``), to find a project's local helpers
+    imports: tuple[str, ...] = ()
 
     @property
     def changed(self) -> bool:
@@ -82,16 +87,20 @@ def convert_source(source: bytes, path: str = "<string>", rules: RuleSet | None 
     rules = rules or default_rules()
     tree = parse_ast(source, path)  # cheap, and a syntax error is reported even without torch
     facts = gather_facts(tree, source, rules) if b"torch" in source else None
+    table = facts.imports if facts is not None else ImportMap.from_ast(tree)
+    imports = module_names(table.modules, table.aliases.values())
     if facts is None or not any(m.split(".")[0] in _TORCH_ROOTS for m in facts.imports.modules):
-        return FileResult(path, source, source, "no-torch", reason="does not import torch")
+        return FileResult(path, source, source, "no-torch", reason="does not import torch",
+                          imports=imports)
     if facts.parallel is not None:
         return FileResult(path, source, source, "already-distributed",
-                          reason=facts.parallel.reason)
+                          reason=facts.parallel.reason, imports=imports)
     module = _parse_cst(source, path)
     rt = next((n for n in _RUNTIME_NAMES if n not in facts.names), "_distify_runtime")
     transformer = DistifyTransformer(facts, rules, rt)
     with _deep_recursion(path):
-        return _rewrite(path, source, module, transformer, runtime_module)
+        result = _rewrite(path, source, module, transformer, runtime_module)
+    return dataclasses.replace(result, imports=imports)
 
 
 def _rewrite(path: str, source: bytes, module: cst.Module, transformer: DistifyTransformer,

@@ -22,6 +22,7 @@ from typing import Literal
 
 import yaml
 
+from distify.analysis.project import imported_by_parallel
 from distify.convert.engine import FileResult, convert_source
 from distify.errors import UserError
 from distify.fsutil import atomic_write_bytes, atomic_write_text
@@ -89,7 +90,33 @@ def plan_project(root: Path, out: Path | None, rules: RuleSet, runtime_module: s
             planned.append(Planned(path, target, convert_file(path, rules, runtime_module)))
         elif out is not None:
             planned.append(Planned(path, target, None))
-    return planned
+    return _keep_helpers_of_parallel(planned, root)
+
+
+def _keep_helpers_of_parallel(planned: list[Planned], root: Path) -> list[Planned]:
+    """A local module that an already-distributed (or Hogwild) script imports runs inside that
+    job: leave it as written, unless a script being converted imports it too."""
+    results = {p.source: p.result for p in planned if p.result is not None}
+    parallel = [path for path, r in results.items() if r.status == "already-distributed"]
+    if not parallel:
+        return planned
+    helpers = imported_by_parallel(
+        {path: r.imports for path, r in results.items()}, parallel,
+        [path for path, r in results.items() if r.status == "converted"], root)
+    kept = []
+    for item in planned:
+        entry = helpers.get(item.source)
+        result = item.result
+        if entry is not None and result is not None \
+                and result.status in ("converted", "unchanged"):
+            why = results[entry].reason.replace("already ", "", 1)
+            result = FileResult(
+                result.path, result.source, result.source, "already-distributed",
+                reason=f"imported by {entry.relative_to(root).as_posix()}, which is {why}: it "
+                       "runs in that job's processes as written", imports=result.imports)
+            item = Planned(item.source, item.target, result)
+        kept.append(item)
+    return kept
 
 
 #: ``if __name__ == "__main__":`` at the top level of a file

@@ -27,6 +27,7 @@ from distify.analysis import parallelism
 from distify.analysis.facts import parse_ast
 from distify.analysis.guards import ALL, MAIN, GuardFacts, Reach, complement, meet
 from distify.analysis.names import ImportMap
+from distify.analysis.project import module_names
 from distify.errors import UserError
 from distify.lint.matcher import Matcher
 from distify.lint.model import PARSE_ERROR, FileResult, Finding, Fix
@@ -599,7 +600,8 @@ def lint_source(source: bytes, path: str, options: LintOptions) -> FileResult:
         why = "multi-process, not distributed" if ctx.parallel else "not distributed"
         return FileResult(path, skipped=why)
     findings = ctx.run([REGISTRY[code] for code in options.codes])
-    return FileResult(path, tuple(findings))
+    imports = module_names(ctx.imports.modules, ctx.imports.aliases.values())
+    return FileResult(path, tuple(findings), imports=imports)
 
 
 def _parse_error(path: str, err: UserError) -> Finding:

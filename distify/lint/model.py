@@ -55,3 +55,5 @@ class FileResult:
     path: str
     findings: tuple[Finding, ...] = ()
     skipped: str = ""
+    #: the modules a checked file imports, to check the local helpers a distributed one runs
+    imports: tuple[str, ...] = ()

@@ -9,8 +9,10 @@ import sys
 import tokenize
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
+from distify.analysis.project import imported_by_parallel
 from distify.fsutil import atomic_write_bytes
 from distify.lint.engine import LintOptions, lint_source
 from distify.lint.model import PARSE_ERROR, FileResult, Finding
@@ -39,11 +41,33 @@ def check_files(paths: Sequence[str], options: LintOptions, jobs: int = 0) -> li
         jobs = (os.cpu_count() or 1) if len(paths) >= PARALLEL_MIN_FILES else 1
     jobs = min(jobs, len(paths)) if paths else 1
     if jobs == 1:
-        return [check_file(path, options) for path in paths]
-    chunk = max(1, len(paths) // (jobs * 4))
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=_context(), initializer=_init,
-                             initargs=(options,)) as pool:
-        return list(pool.map(_check, paths, chunksize=chunk))
+        results = [check_file(path, options) for path in paths]
+    else:
+        chunk = max(1, len(paths) // (jobs * 4))
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=_context(), initializer=_init,
+                                 initargs=(options,)) as pool:
+            results = list(pool.map(_check, paths, chunksize=chunk))
+    return results if options.check_all else _check_helpers(results, options)
+
+
+def _check_helpers(results: list[FileResult], options: LintOptions) -> list[FileResult]:
+    """Check the local modules a distributed script imports (nanoGPT's ``model.py``) as
+    distributed code: they run in every process of its job (see
+    :mod:`distify.analysis.project`, which ``convert`` uses to leave them alone)."""
+    waiting = {Path(r.path): i for i, r in enumerate(results) if r.skipped == "not distributed"}
+    if not waiting or len(waiting) == len(results):
+        return results
+    root = Path(os.path.commonpath([str(Path(r.path).resolve().parent) for r in results]))
+    everyone = replace(options, check_all=True)
+    while True:
+        imports = {Path(r.path): r.imports for r in results}
+        distributed = [Path(r.path) for r in results if not r.skipped and r.imports]
+        found = [path for path in imported_by_parallel(imports, distributed, (), root)
+                 if path in waiting]
+        if not found:
+            return results
+        for path in found:
+            results[waiting.pop(path)] = check_file(str(path), everyone)
 
 
 def _context():
