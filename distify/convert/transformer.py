@@ -14,12 +14,15 @@ What it rewrites (each rewrite is recorded as a :class:`Edit` for the report):
   ``torch.load`` → ``rt.save`` / ``rt.load``;
 - sums accumulated in an evaluation loop over a DataLoader (``correct += ...`` in a loop under
   ``torch.no_grad()`` or after ``model.eval()``) → ``x = rt.reduce(x)`` after the loop;
+- the configured batch size as a shape's leading dimension in a loop over a DataLoader
+  (``images.reshape(batch_size, -1)``, ``torch.ones(batch_size, 1)``) → ``images.size(0)``;
 - and the idioms real scripts use: gradient accumulation, DataParallel, file writes, trackers,
   progress bars, logging, dataset downloads, run timestamps, gradient clipping, and random
   splits of the data set (drawn from the main process's generator on every process).
 
 Each family lives in its own mixin: :mod:`.models`, :mod:`.prepare`, :mod:`.devices`, :mod:`.loops`,
-:mod:`.side_effects` and :mod:`.randomness` (their docstrings list their rewrites);
+:mod:`.side_effects`, :mod:`.randomness` and :mod:`.batch_shapes` (their docstrings list their
+rewrites);
 :mod:`.base` holds the shared state, :mod:`.syntax` the node helpers.
 
 What it deliberately does not do: it never guesses. A training loop fed without a DataLoader,
@@ -34,6 +37,7 @@ import libcst as cst
 from distify.analysis.evaluation import switches_to_eval
 from distify.analysis.names import dotted_name
 from distify.convert.base import Edit, TransformerBase
+from distify.convert.batch_shapes import BatchShapeMixin
 from distify.convert.devices import DeviceMixin
 from distify.convert.loops import LoopMixin
 from distify.convert.models import ModelMixin
@@ -44,8 +48,8 @@ from distify.convert.side_effects import SideEffectMixin
 __all__ = ["DistifyTransformer", "Edit"]
 
 
-class DistifyTransformer(ModelMixin, PrepareMixin, DeviceMixin, LoopMixin, SideEffectMixin,
-                         RandomnessMixin, TransformerBase):
+class DistifyTransformer(BatchShapeMixin, ModelMixin, PrepareMixin, DeviceMixin, LoopMixin,
+                         SideEffectMixin, RandomnessMixin, TransformerBase):
     """Rewrites one module in one pass. Each mixin owns one family of rewrites; this class
     dispatches calls and statements to them."""
 
@@ -181,6 +185,7 @@ class DistifyTransformer(ModelMixin, PrepareMixin, DeviceMixin, LoopMixin, SideE
             self._loops[-1].appended.append(func.value.value)
 
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+        updated = self._batch_shape_call(original, updated)
         result = self._leave_call(original, updated)
         if isinstance(original.func, cst.Attribute) and original.func.attr.value == "backward":
             self._note_backward(result)
