@@ -5,6 +5,10 @@ Instead of returning a wrapper (where ``model.fc`` or ``model.generate`` would f
 whose ``__call__`` routes training forwards through a DistributedDataParallel object kept
 aside. Everything else (attributes, methods, ``state_dict``, ``isinstance``) is the user's class.
 
+Its DDP does not sync buffers at the start of each training forward: ``_buffers`` broadcasts
+the main process's right after it instead, so every rank evaluates (and the main process
+saves) the same BatchNorm statistics.
+
 This module also keeps what the guards (``_guard``) and debug mode (``_debug``) need to know
 about DDP: how many training forwards went through it since the last ``distify.backward``, and
 which parameters it averages.
@@ -23,7 +27,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DataParallel, DistributedDataParallel
 
-from . import _debug, _precision, _state
+from . import _buffers, _debug, _precision, _state
 from ._subclass import (
     PicklesAsOriginal,
     original_class,
@@ -48,6 +52,8 @@ class _Runtime:
 
     def __init__(self, ddp: DistributedDataParallel | None) -> None:
         self.ddp = ddp
+        #: broadcast the main process's buffers after each training forward (see ``_buffers``)
+        self.sync_buffers = ddp is not None and _buffers.has_buffers(ddp.module)
         self.inside_ddp = False
         self.warned = False
 
@@ -65,8 +71,9 @@ class _PreparedModelMixin(PicklesAsOriginal):
             elif self.training and torch.is_grad_enabled():
                 outputs = _call_through_ddp(runtime, args, kwargs)
             else:
-                # DDP's forward broadcasts buffers: evaluation shards of unequal length would
-                # hang on it, and no gradient needs averaging here anyway.
+                # No collective here: evaluation shards of unequal length, or an evaluation on
+                # the main process only, would hang on it; no gradient needs averaging, and
+                # the buffers are already the main process's (``_buffers``).
                 _warn_if_training_in_eval(runtime)
                 outputs = super().__call__(*args, **kwargs)
         return _precision.finish_outputs(outputs)
@@ -257,8 +264,14 @@ def _make_ddp(model: nn.Module, state: _state.State) -> DistributedDataParallel 
     device_ids = [state.device.index] if state.device.type == "cuda" else None
     find_unused = os.environ.get("DISTIFY_FIND_UNUSED_PARAMETERS", "").strip().lower() in \
         ("1", "true", "yes", "on")
-    return DistributedDataParallel(model, device_ids=device_ids,
-                                   find_unused_parameters=find_unused)
+    ddp = DistributedDataParallel(model, device_ids=device_ids,
+                                  find_unused_parameters=find_unused)
+    # Built with its defaults, DDP has broadcast the main process's buffers with its weights;
+    # from now on ``_buffers`` syncs them after each training forward instead of DDP before.
+    # (Not ``broadcast_buffers=False`` above: that would leave the buffers out of that first
+    # broadcast, and torch 2.13 deprecates the argument.)
+    ddp.broadcast_buffers = False
+    return ddp
 
 
 def _sync_batchnorm(model: nn.Module, device: torch.device) -> nn.Module:
@@ -277,9 +290,13 @@ def _call_through_ddp(runtime: _Runtime, args: tuple, kwargs: dict) -> Any:
     runtime.ddp.require_backward_grad_sync = _sync_gradients  # what DDP.no_sync() toggles
     runtime.inside_ddp = True
     try:
-        return runtime.ddp(*args, **kwargs)
+        outputs = runtime.ddp(*args, **kwargs)
     finally:
         runtime.inside_ddp = False
+    if runtime.sync_buffers:
+        model = runtime.ddp.module
+        _buffers.broadcast_from_main(model, original_class(model).__name__)
+    return outputs
 
 
 def _warn_if_training_in_eval(runtime: _Runtime) -> None:
