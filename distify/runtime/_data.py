@@ -6,6 +6,13 @@ order is broadcast so every rank agrees, and rank r takes every world_size-th sa
 So the samples of batch k over all ranks are exactly the single-process batch k of size
 world_size * batch_size.
 
+The order is never materialised: rank 0 draws it in chunks of about 65,536 samples (a whole
+number of global batches) as the epoch proceeds and broadcasts each (every rank draws its own
+copy alongside, discarding it, so its random numbers are consumed as the original's), and each
+rank plans its batches from the chunks as they come (``_stream``). So a
+``RandomSampler(replacement=True, num_samples=10**10)`` costs what is consumed, in memory
+bounded by a chunk; an epoch of up to a chunk is one broadcast, as it always was.
+
 Two modes, decided when an epoch starts:
 
 * TRAIN (the original drops the last batch, or a prepared model is training with gradients
@@ -18,25 +25,43 @@ Two modes, decided when an epoch starts:
   ranks) can the ranks then differ by one batch: gather such results after the loop instead.
 
 The number of repeated samples in each batch is recorded so ``gather_for_metrics`` drops them.
+
+An IterableDataset is sharded the same way, by stream position: every rank iterates the whole
+stream (in each worker process, the worker's own stream when the dataset splits itself by
+``get_worker_info``, as torch leaves it to) and keeps the samples at positions ≡ rank mod
+world_size, batching and collating them where the original loader did. Every rank sees where
+the stream ends, so the end is planned as above with no communication: TRAIN pads, ``drop_last``
+drops, EVAL splits, per worker stream. On top, at the first batch of each epoch the ranks compare
+a digest of the stream's first sample (different first samples mean the dataset already splits
+itself by rank, or is random per rank: a warning says to use ``shard=False``), and in TRAIN mode
+they agree at every batch whether every rank has one (one all-reduce of a flag), so a stream that
+is not the same on every rank stops all ranks together instead of hanging DDP. What that drops
+is warned about. With ``persistent_workers`` the workers keep the mode of the first epoch.
 """
 
 from __future__ import annotations
 
-import math
+import dataclasses
+import hashlib
+import pickle
+import warnings
 from collections.abc import Iterator
+from itertools import islice
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler, SequentialSampler
 
-from . import _debug, _model, _objects, _state
-from ._errors import DistifyError
-from ._tree import map_tensors
+from . import _debug, _model, _objects, _state, _stream
+from ._tree import map_tensors, tensors_in
 
-_ITERABLE = ("a DataLoader over an IterableDataset cannot be sharded by distify: split the stream "
-             "by distify.rank() / distify.world_size() inside the dataset, then call "
-             "distify.prepare(loader, shard=False)")
+#: units per broadcast of the shuffled order (rounded to a whole number of global batches)
+CHUNK = 1 << 16
+_SHARD_FALSE = ("if the dataset already splits its stream by rank (distify.rank(), "
+                "torch.distributed.get_rank()), prepare it with distify.prepare(loader, "
+                "shard=False)")
+_END = object()
 _padding = 0  # repeated samples at the end of the batch last yielded by a prepared loader
 
 
@@ -53,17 +78,20 @@ class PreparedDataLoader:
     """
 
     def __init__(self, original: DataLoader, loader: DataLoader,
-                 sampler: _ShardSampler | None, device: torch.device | None) -> None:
+                 sampler: _ShardSampler | None, device: torch.device | None,
+                 stream: _RankStream | None = None) -> None:
         self._original = original
         self._loader = loader
         self._sampler = sampler
+        self._stream = stream
         self._device = device
 
     def __iter__(self) -> Iterator[Any]:
         global _padding
+        batches = self._stream_batches() if self._stream is not None else self._batches()
         try:
-            for index, batch in enumerate(self._loader):
-                _padding = self._sampler.pads[index] if self._sampler is not None else 0
+            for batch, repeated in batches:
+                _padding = repeated
                 yield batch if self._device is None else map_tensors(batch, self._move)
         finally:
             _padding = 0
@@ -76,6 +104,31 @@ class PreparedDataLoader:
         if original is None:  # during copy/unpickling, before __init__ ran
             raise AttributeError(name)
         return getattr(original, name)
+
+    def _batches(self) -> Iterator[tuple[Any, int]]:
+        for index, batch in enumerate(self._loader):
+            yield batch, self._sampler.pad(index) if self._sampler is not None else 0
+
+    def _stream_batches(self) -> Iterator[tuple[Any, int]]:
+        """The sharded IterableDataset's batches; see the module docstring."""
+        train = _train_mode(self._original.drop_last)
+        stream = self._stream.__dict__  # set before the workers start: they copy the dataset
+        stream["layout"] = dataclasses.replace(stream["layout"], train=train)
+        iterator = iter(self._loader)
+        item = next(iterator, _END)
+        _compare_first_samples(None if item is _END else item[2])
+        while True:
+            if train and not _every_rank_has(item is not _END):
+                if item is not _END:
+                    warnings.warn("distify: another rank's share of the IterableDataset stream "
+                                  f"ran out first; all ranks stopped, rank {_state.rank()} "
+                                  f"dropped the rest of its share: {_SHARD_FALSE}",
+                                  stacklevel=3)
+                return
+            if item is _END:
+                return
+            yield item[0], item[1]
+            item = next(iterator, _END)
 
     def _move(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.to(self._device, non_blocking=True)
@@ -92,9 +145,16 @@ def prepare_loader(loader: DataLoader, shard: bool = True,
     if _state.world_size() == 1 or not shard:
         return PreparedDataLoader(loader, loader, None, device)
     if isinstance(loader.dataset, IterableDataset):
-        raise DistifyError(_ITERABLE)
+        stream = _RankStream(loader)
+        return PreparedDataLoader(loader, _rebuild(loader, dataset=stream), None, device, stream)
     sampler = _ShardSampler.for_loader(loader)
-    return PreparedDataLoader(loader, _rebuild(loader, sampler), sampler, device)
+    return PreparedDataLoader(loader, _rebuild(loader, sampler=sampler), sampler, device)
+
+
+def _train_mode(drop_last: bool) -> bool:
+    # Padding is for training only: a shuffled loader evaluated under no_grad (or with the
+    # model in eval mode) keeps exact shards, so reduced sums stay exact there too.
+    return drop_last or (torch.is_grad_enabled() and _model.any_model_training())
 
 
 class _ShardSampler(Sampler):
@@ -113,7 +173,8 @@ class _ShardSampler(Sampler):
         self.rank, self.world_size = _state.rank(), _state.world_size()
         root = source.sampler if batch_size is None and isinstance(source, BatchSampler) else source
         self.sequential = isinstance(root, SequentialSampler)
-        self.pads: list[int] = []
+        self._pads: dict[int, int] = {}  # batch number -> repeated samples, where not 0
+        self._planned = 0  # batches planned so far this epoch
 
     @classmethod
     def for_loader(cls, loader: DataLoader) -> _ShardSampler:
@@ -124,79 +185,165 @@ class _ShardSampler(Sampler):
         return cls(loader.sampler, 1, False, flat=True)
 
     def __len__(self) -> int:
-        if self.drop_last:
-            return len(self.source) // (self.world_size * self.batch_size)
-        return self._batches_per_rank(len(self.source))
+        return self._layout(train=False).batches_per_rank(len(self.source))
 
     def __iter__(self) -> Iterator[Any]:
-        batches, self.pads = self._plan()
-        for batch in batches:
+        layout = self._layout(_train_mode(self.drop_last))
+        self._pads, self._planned = {}, 0
+        head: list[Any] = []
+        units = _stream.from_chunks(self._chunks(layout), head, layout)
+        for batch, repeated in _stream.plan(units, head, layout):
+            if repeated:
+                self._pads[self._planned] = repeated
+            self._planned += 1
             yield batch[0] if self.flat else batch
 
-    def _plan(self) -> tuple[list[list[Any]], list[int]]:
-        units = list(self.source)  # consumes random numbers exactly like the original loader
-        if not self.sequential:
-            units = _broadcast_from_main(units)
-        if not units:
-            return [], []
-        if self.drop_last:  # the single-process run at world_size x batch drops this tail
-            units = units[:len(units) - len(units) % (self.world_size * self.batch_size)]
-        # Padding is for training only: a shuffled loader evaluated under no_grad (or with the
-        # model in eval mode) keeps exact shards, so reduced sums stay exact there too.
-        train = self.drop_last or (torch.is_grad_enabled() and _model.any_model_training())
-        own, repeated = _shard(units, self.rank, self.world_size, pad=train)
-        if self.batch_size is None:  # the units are the original's batches
-            batches, pads = [list(b) for b in own], [len(b) if r else 0 for b, r in
-                                                     zip(own, repeated)]
-        else:
-            batches, pads = _chunk(own, repeated, self.batch_size, self.drop_last)
-        if not train:
-            _equalise(batches, pads, self._batches_per_rank(len(units)))
-        return batches, pads
+    def pad(self, index: int) -> int:
+        """How many samples at the end of this epoch's batch ``index`` repeat others."""
+        return self._pads.get(index, 0)
 
-    def _batches_per_rank(self, count: int) -> int:
-        per_rank = math.ceil(count / self.world_size)
-        return per_rank if self.batch_size is None else math.ceil(per_rank / self.batch_size)
+    @property
+    def pads(self) -> list[int]:
+        """:meth:`pad` of every batch planned so far this epoch."""
+        return [self.pad(index) for index in range(self._planned)]
 
+    def _layout(self, train: bool) -> _stream.Layout:
+        return _stream.Layout(self.rank, self.world_size, self.batch_size or 1, self.drop_last,
+                              train, units_are_batches=self.batch_size is None)
 
-def _shard(units: list[Any], rank: int, world_size: int,
-           pad: bool) -> tuple[list[Any], list[bool]]:
-    """Rank ``rank``'s strided share of ``units``, optionally padded so all shares are equal."""
-    count = len(units)
-    repeated = [False] * count
-    if pad and count % world_size:
-        extra = world_size - count % world_size
-        units = units + (units * math.ceil(extra / count))[:extra]
-        repeated = repeated + [True] * extra
-    return units[rank::world_size], repeated[rank::world_size]
-
-
-def _chunk(items: list[Any], repeated: list[bool], size: int,
-           drop_last: bool) -> tuple[list[list[Any]], list[int]]:
-    stop = len(items) - len(items) % size if drop_last else len(items)
-    starts = range(0, stop, size)
-    return ([items[i:i + size] for i in starts], [sum(repeated[i:i + size]) for i in starts])
-
-
-def _equalise(batches: list[list[Any]], pads: list[int], target: int) -> None:
-    """Give a rank that is one batch short as many batches as the others (EVAL mode) by
-    splitting its last batch. Batches of one sample cannot be split, and repeating a sample
-    would make reduced sums wrong: then the rank stays one batch short (see ``prepare``)."""
-    if len(batches) < target and batches and len(batches[-1]) > 1:
-        last = batches.pop()
-        batches += [last[:-1], last[-1:]]
-        pads += [0]
+    def _chunks(self, layout: _stream.Layout) -> Iterator[list[Any]]:
+        """The epoch's order in chunks of whole global batches, the same on every rank."""
+        size = max(1, CHUNK // layout.span) * layout.span
+        units = iter(self.source)
+        while True:
+            chunk = list(islice(units, size))  # the random numbers the original loader draws
+            if not self.sequential:
+                chunk = _broadcast_from_main(chunk)
+            if chunk:
+                yield chunk
+            if len(chunk) < size:
+                return
 
 
 def _broadcast_from_main(units: list[Any]) -> list[Any]:
     if _state.state().debug:
         _debug.check("DataLoader epoch (the main process's shuffled order)")
-    device = _state.device() if dist.get_backend() == "nccl" else torch.device("cpu")
-    return _objects.broadcast_object(units if _state.rank() == 0 else None, 0, device)
+    return _objects.broadcast_object(units if _state.rank() == 0 else None, 0, _comm_device())
 
 
-def _rebuild(loader: DataLoader, sampler: _ShardSampler) -> DataLoader:
-    """A DataLoader like ``loader`` (same workers, collate_fn, generator, ...) over ``sampler``."""
+class _RankStream(IterableDataset):
+    """An IterableDataset as one rank sees it: the samples at its stream positions, batched and
+    collated (the loader around it has ``batch_size=None``), each batch yielded as ``(batch,
+    repeated samples at its end, digest of the stream's first sample or None)``.
+
+    Attributes it does not define are the user's dataset's, read and set, so a ``worker_init_fn``
+    that configures ``get_worker_info().dataset`` configures the user's dataset.
+    """
+
+    def __init__(self, loader: DataLoader) -> None:
+        self.__dict__.update(
+            dataset=loader.dataset, collate_fn=loader.collate_fn, flat=loader.batch_size is None,
+            layout=_stream.Layout(_state.rank(), _state.world_size(), loader.batch_size or 1,
+                                  loader.drop_last, train=False))
+
+    def __iter__(self) -> Iterator[tuple[Any, int, int | None]]:
+        state = self.__dict__
+        layout = state["layout"]
+        samples = iter(state["dataset"])  # in a worker: that worker's stream
+        first = next(samples, _END)
+        if first is _END:
+            return
+        digest: int | None = _digest(first)
+        samples = _chain_first(first, samples)
+        head: list[Any] = []
+        for batch, repeated in _stream.plan(_stream.from_iterator(samples, head, layout), head,
+                                            layout):
+            data = state["collate_fn"](batch[0] if state["flat"] else batch)
+            if repeated and state["flat"]:  # the dataset's own item repeated: all of it
+                repeated = _rows(data)
+            yield data, repeated, digest
+            digest = None
+
+    def __len__(self) -> int:
+        return self.__dict__["layout"].batches_per_rank(len(self.__dict__["dataset"]))
+
+    def __getattr__(self, name: str) -> Any:
+        dataset = self.__dict__.get("dataset")
+        if dataset is None:  # during unpickling in a worker, before the state is back
+            raise AttributeError(name)
+        return getattr(dataset, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self.__dict__["dataset"], name, value)
+
+
+def _chain_first(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
+    yield first
+    yield from rest
+
+
+def _rows(data: Any) -> int:
+    tensors = tensors_in(data)
+    if tensors and tensors[0].dim():
+        return tensors[0].shape[0]
+    return len(data) if isinstance(data, (list, tuple)) else 1
+
+
+def _digest(sample: Any) -> int | None:
+    """The same number on every rank for equal samples (tensors by their bytes); None when the
+    sample cannot be read that way."""
+    hasher = hashlib.blake2b(digest_size=7)
+    try:
+        tensors = tensors_in(sample)
+        for tensor in tensors:
+            flat = tensor.detach().cpu().contiguous().reshape(-1)
+            hasher.update(f"{flat.dtype}{tuple(tensor.shape)}".encode())
+            hasher.update(_objects._to_bytes(flat.view(torch.uint8)))
+        if not tensors:
+            hasher.update(pickle.dumps(sample, protocol=4))
+    except Exception:  # an object pickle cannot write: no comparison
+        return None
+    return int.from_bytes(hasher.digest(), "little")
+
+
+def _compare_first_samples(digest: int | None) -> None:
+    """Warn (on the main process) when the ranks' streams start with different samples."""
+    if _state.state().debug:
+        _debug.check("DataLoader epoch (the first sample of the IterableDataset stream)")
+    mine = torch.tensor([-1 if digest is None else digest], dtype=torch.int64,
+                        device=_comm_device())
+    everyone = [torch.empty_like(mine) for _ in range(_state.world_size())]
+    dist.all_gather(everyone, mine)
+    digests = {int(d.item()) for d in everyone} - {-1}
+    if len(digests) > 1 and _state.is_main_process():
+        warnings.warn("distify: the DataLoader's IterableDataset starts with different samples "
+                      "on different ranks, and each rank keeps one sample in "
+                      f"{_state.world_size()} of its own stream: {_SHARD_FALSE}; a "
+                      "random stream needs the same seed on every rank", stacklevel=4)
+
+
+def _every_rank_has(has_batch: bool) -> bool:
+    if _state.state().debug:
+        _debug.check("DataLoader batch (whether every rank has one)")
+    flag = torch.tensor([int(has_batch)], dtype=torch.int64, device=_comm_device())
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def _comm_device() -> torch.device:
+    # NCCL only moves GPU tensors; Gloo works on CPU tensors.
+    return _state.device() if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def _keep(item: Any) -> Any:
+    """The collate_fn of a loader over :class:`_RankStream`: batches are collated already."""
+    return item
+
+
+def _rebuild(loader: DataLoader, sampler: _ShardSampler | None = None,
+             dataset: _RankStream | None = None) -> DataLoader:
+    """A DataLoader like ``loader`` (same workers, collate_fn, generator, ...) over ``sampler``,
+    or over the sharded stream ``dataset``."""
     options: dict[str, Any] = {
         "num_workers": loader.num_workers, "collate_fn": loader.collate_fn,
         "pin_memory": loader.pin_memory, "timeout": loader.timeout,
@@ -209,6 +356,8 @@ def _rebuild(loader: DataLoader, sampler: _ShardSampler) -> DataLoader:
         options["pin_memory_device"] = loader.pin_memory_device
     if hasattr(loader, "in_order"):
         options["in_order"] = loader.in_order
+    if dataset is not None:
+        return DataLoader(dataset, batch_size=None, **{**options, "collate_fn": _keep})
     if sampler.flat:
         return DataLoader(loader.dataset, batch_size=None, sampler=sampler, **options)
     return DataLoader(loader.dataset, batch_sampler=sampler, **options)
