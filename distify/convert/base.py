@@ -35,12 +35,26 @@ class _Scope:
     samplers: set[str] = field(default_factory=set)
     saw_eval: bool = False
     no_grad: bool = False
+    #: accumulators reduced after a loop over a loader → that loader's dotted name: later
+    #: ``len(loader)`` divisors of them count every process's batches
+    reduced: dict[str, str] = field(default_factory=dict)
+    #: per-process counts of such a loop (``steps += 1`` in it, its ``enumerate`` index),
+    #: which a reduced sum must not be divided by as they are
+    counts: set[str] = field(default_factory=set)
 
 
 @dataclass
 class _Loop:
     loaderish: bool
     accumulators: list[str] = field(default_factory=list)
+    #: what each accumulator adds (``correct += <value>``), for the report
+    added: dict[str, list[cst.BaseExpression]] = field(default_factory=dict)
+    #: names set to zero again inside the loop (``running_loss = 0.0`` after a log line)
+    resets: set[str] = field(default_factory=set)
+    #: the loader the loop iterates (its dotted name), when it is a plain name or attribute
+    loader: str | None = None
+    #: the ``i`` of ``for i, batch in enumerate(loader)``
+    index: str | None = None
     appended: list[str] = field(default_factory=list)
     assigned: set[str] = field(default_factory=set)
     has_backward: bool = False
@@ -263,6 +277,8 @@ class TransformerBase(cst.CSTTransformer):
             self._scope.samplers.update(names)
         if _is_zero(value):
             self._scope.zero_inits.update(names)
+            for loop in self._loops:
+                loop.resets.update(names)
         if isinstance(value, cst.List) and not value.elements:
             self._scope.lists.update(names)
         for target in node.targets:

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import libcst as cst
 
+from distify.analysis.names import dotted_name
 from distify.convert.base import TransformerBase, _Loop
 from distify.convert.syntax import (
+    _LOOP_WRAPPERS,
     _calls_method,
+    _code,
     _has_modulo,
     _is_method_call,
     _leaves_loop,
@@ -35,32 +38,116 @@ class LoopMixin(TransformerBase):
 
     def visit_For(self, node: cst.For) -> None:
         self._loops.append(_Loop(loaderish=self._loaderish(node.iter),
-                                 targets=_names_in(node.target)))
+                                 targets=_names_in(node.target), loader=_loader_name(node.iter),
+                                 index=_enumerate_index(node)))
 
     def leave_For(self, original: cst.For, updated: cst.For):
         loop = self._loops.pop()
         self._report_breaks(loop)
         if loop.has_backward and len(loop.step_tests) == 1:
             updated = self._sync_on_step(updated, loop)
-        if not (loop.loaderish and self._in_eval()) or loop.has_backward:
+        if not loop.loaderish:
             return updated
-        for name in loop.appended:
-            self._edit(updated.target, "gather", f"`{name}` collects per-process results: "
-                       f"gather them with `{name} = {self.rt}.gather_for_metrics(...)` "
-                       "before computing a metric", human=True)
-        if not loop.accumulators:
+        evaluating = self._in_eval() and not loop.has_backward
+        if not evaluating and not loop.has_backward:
+            self._report_unreduced(updated, loop)
+            return updated
+        if evaluating:
+            for name in loop.appended:
+                self._edit(updated.target, "gather", f"`{name}` collects per-process results: "
+                           f"gather them with `{name} = {self.rt}.gather_for_metrics(...)` "
+                           "before computing a metric", human=True)
+        names = [n for n in loop.accumulators if n not in loop.resets
+                 and (evaluating or self._data_dependent(loop, n))]
+        if not names:
             return updated
         reduces = []
-        for name in loop.accumulators:
+        for name in names:
             line = cst.SimpleStatementLine(body=[cst.Assign(
                 targets=[cst.AssignTarget(cst.Name(name))],
                 value=self._rt_call("reduce", cst.Name(name)))])
-            self._edit(line, "reduce", f"`{name}` summed over all processes, so the metric "
-                       "equals the single-process value")
+            self._edit(line, "reduce", self._reduced_message(name, loop, evaluating))
             reduces.append(line)
+            if loop.loader is not None:
+                self._scope.reduced[name] = loop.loader
+        self._scope.counts.update(n for n in loop.accumulators if n not in names)
+        if loop.index is not None:
+            self._scope.counts.add(loop.index)
         for outer in self._loops:  # the reduced value is no longer an accumulator out there
-            outer.accumulators = [n for n in outer.accumulators if n not in loop.accumulators]
+            outer.accumulators = [n for n in outer.accumulators if n not in names]
         return cst.FlattenSentinel([updated, *reduces])
+
+    @staticmethod
+    def _data_dependent(loop: _Loop, name: str) -> bool:
+        """In training, only sums of what the batch gives (``loss.item()``, ``x.size(0)``) differ
+        between processes; ``steps += 1`` counts optimizer steps, the same on every process."""
+        local = (loop.assigned | loop.targets) - {name}
+        return any(_names_in(value) & local for value in loop.added.get(name, ()))
+
+    def _reduced_message(self, name: str, loop: _Loop, evaluating: bool) -> str:
+        """What the reduce guarantees, and no more (see :func:`_adds_per_sample`)."""
+        if not evaluating:
+            return (f"`{name}` summed over all processes after the loop, so the epoch's value "
+                    "covers every process's batches, not one shard (a training metric follows "
+                    "the N× larger global batch: close to one process's, not equal)")
+        if all(_adds_per_sample(value) for value in loop.added.get(name, ())):
+            return (f"`{name}` summed over all processes: it adds per-sample values, and no "
+                    "sample is repeated in evaluation, so the metric equals the single-process "
+                    "value")
+        return (f"`{name}` summed over all processes: it adds per-batch values (a mean per "
+                "batch?), so it equals the single-process value when every batch is full; a "
+                "smaller last batch weighs like a full one, as it does in the original")
+
+    def _report_unreduced(self, node: cst.For, loop: _Loop) -> None:
+        """A loop over a loader that neither trains nor is known to evaluate: its sums stay
+        per process (its loader pads like a training one while the model trains)."""
+        names = [n for n in loop.accumulators if n not in loop.resets]
+        if not names:
+            return
+        self._edit(node.target, "reduce", f"{', '.join(f'`{n}`' for n in names)} summed over "
+                   "this process's shard only: this loop neither trains nor runs under "
+                   "`torch.no_grad()` / after `model.eval()`; add one of those, or reduce it "
+                   f"yourself (`{names[0]} = {self.rt}.reduce({names[0]})` after the loop)",
+                   human=True)
+
+    def leave_BinaryOperation(self, original: cst.BinaryOperation,
+                              updated: cst.BinaryOperation) -> cst.BaseExpression:
+        if isinstance(original.operator, cst.Divide) and self._scope.reduced:
+            divisor = self._total_count(original.left, updated.right)
+            if divisor is not None:
+                return updated.with_changes(right=divisor)
+        return updated
+
+    def leave_AugAssign(self, original: cst.AugAssign, updated: cst.AugAssign) -> cst.AugAssign:
+        if isinstance(original.operator, cst.DivideAssign) and self._scope.reduced:
+            divisor = self._total_count(original.target, updated.value)
+            if divisor is not None:
+                return updated.with_changes(value=divisor)
+        return updated
+
+    def _total_count(self, dividend: cst.BaseExpression,
+                     divisor: cst.BaseExpression) -> cst.BaseExpression | None:
+        """A sum reduced over all processes divided by one process's count (``len(loader)``,
+        ``steps``, ``batch_idx + 1``) → divided by all processes' count (``rt.reduce(...)``):
+        the mean stays a mean instead of growing N times."""
+        sums = sorted(_names_in(dividend) & set(self._scope.reduced))
+        if not sums:
+            return None
+        core = _strip_parens(divisor)
+        loaders = {self._scope.reduced[name] for name in sums}
+        counts_batches = (
+            isinstance(core, cst.Call) and dotted_name(core.func) == "len"
+            and "len" not in self.facts.bound and len(core.args) == 1
+            and dotted_name(core.args[0].value) in loaders)
+        counts = _names_in(core) & self._scope.counts
+        if not counts_batches and not (counts and _is_count_expression(core)):
+            return None
+        what = _code(core)
+        new = self._rt_call("reduce", core)
+        self._edit(new, "reduce", f"`{what}` counts this process's batches → all processes' "
+                   f"(`{self.rt}.reduce({what})`), as {', '.join(f'`{n}`' for n in sums)} "
+                   "is summed over all of them")
+        return new
 
     def visit_While(self, node: cst.While) -> None:
         self._loops.append(_Loop(loaderish=False))
@@ -112,9 +199,10 @@ class LoopMixin(TransformerBase):
         for loop in self._loops:
             if not counter:  # a step counter is equal on every process: not data-dependent
                 loop.assigned.add(name)
-            if (isinstance(node.operator, cst.AddAssign) and name in self._scope.zero_inits
-                    and name not in loop.accumulators):
-                loop.accumulators.append(name)
+            if isinstance(node.operator, cst.AddAssign) and name in self._scope.zero_inits:
+                if name not in loop.accumulators:
+                    loop.accumulators.append(name)
+                loop.added.setdefault(name, []).append(node.value)
 
     def _rewrite_backward(self, updated: cst.Call, func: cst.Attribute) -> cst.Call:
         new = cst.Call(func=self._rt_attr("backward"),
@@ -137,3 +225,64 @@ class LoopMixin(TransformerBase):
         self._edit(node, "data", "this training loop is not fed by a DataLoader: every process "
                    "trains on the same batches. Shard them yourself with "
                    f"{self.rt}.rank() and {self.rt}.world_size()", human=True)
+
+
+def _enumerate_index(node: cst.For) -> str | None:
+    """``i`` in ``for i, (x, y) in enumerate(loader)``."""
+    target, it = node.target, node.iter
+    if isinstance(it, cst.Call) and dotted_name(it.func) == "enumerate" \
+            and isinstance(target, cst.Tuple) and target.elements \
+            and isinstance(target.elements[0].value, cst.Name):
+        return target.elements[0].value.value
+    return None
+
+
+def _is_count_expression(node: cst.BaseExpression) -> bool:
+    """``steps``, ``i + 1``, ``(batch_idx + 1)``: a count name, maybe plus a constant."""
+    node = _strip_parens(node)
+    if isinstance(node, cst.Name):
+        return True
+    return (isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Add)
+            and isinstance(_strip_parens(node.left), cst.Name)
+            and isinstance(_strip_parens(node.right), cst.Integer))
+
+
+def _loader_name(node: cst.BaseExpression) -> str | None:
+    """``train_loader`` for ``train_loader``, ``enumerate(train_loader)``, ``tqdm(self.loader)``."""
+    while isinstance(node, cst.Call) and node.args and dotted_name(node.func) in _LOOP_WRAPPERS:
+        node = node.args[0].value
+    return dotted_name(node)
+
+
+#: per-sample sums and counts: ``reduction="sum"``, ``.sum()``, ``x.size(0)``, ``len(y)``
+_PER_SAMPLE_CALLS = ("sum", "size", "numel", "count_nonzero")
+
+
+def _adds_per_sample(value: cst.BaseExpression) -> bool:
+    """Does ``value`` add a per-sample sum or a sample count, so that summing it over
+    disjoint shards gives exactly the whole set's (not a per-batch mean)?"""
+    if isinstance(value, (cst.Integer, cst.Float)):
+        return False  # `+= 1` counts batches, not samples
+    finder = _PerSample()
+    value.visit(finder)
+    return finder.found
+
+
+class _PerSample(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.found = False
+
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        if (isinstance(func, cst.Attribute) and func.attr.value in _PER_SAMPLE_CALLS) or (
+                isinstance(func, cst.Name) and func.value == "len"):
+            self.found = True
+        for arg in node.args:
+            if arg.keyword is not None and arg.keyword.value == "reduction" \
+                    and isinstance(arg.value, cst.SimpleString) \
+                    and arg.value.evaluated_value == "sum":
+                self.found = True
+
+    def visit_Subscript(self, node: cst.Subscript) -> None:
+        if isinstance(node.value, cst.Attribute) and node.value.attr.value == "shape":
+            self.found = True  # x.shape[0]
