@@ -192,12 +192,16 @@ def test_eval_sums_are_reduced_only_in_evaluation_loops() -> None:
     assert "running = distify.reduce" not in out
 
 
-def test_predictions_collected_in_lists_are_reported() -> None:
-    src = ("import torch\n\ndef evaluate(model, loader):\n    preds = []\n"
-           "    with torch.no_grad():\n        for x in loader:\n"
-           "            preds.append(model(x))\n    return torch.cat(preds)\n")
+def test_predictions_collected_in_lists_are_gathered_and_per_batch_values_reported() -> None:
+    src = ("import torch\n\ndef evaluate(model, loader):\n    preds, losses = [], []\n"
+           "    with torch.no_grad():\n        for x, y in loader:\n"
+           "            preds.append(model(x))\n"
+           "            losses.append(torch.nn.functional.mse_loss(model(x), y).item())\n"
+           "    return torch.cat(preds), sum(losses) / len(losses)\n")
     result = convert_source(src.encode())
-    assert [n.kind for n in result.notes] == ["gather"]
+    assert "preds.append(distify.gather_for_metrics(model(x)))" in result.output.decode()
+    assert "gather" in [c.kind for c in result.changes]
+    assert [(n.kind, n.message.split("`")[1]) for n in result.notes] == [("gather", "losses")]
 
 
 # ------------------------------------------------------------------ encodings and layout

@@ -95,7 +95,7 @@ CASES = {
                          exact=("val_correct", "val_total", "n_trainable", "n_frozen",
                                 "frozen_param_sum"),
                          close=("best_loss", "val_loss")),
-    # its validation loss is an AverageMeter of one shard: issue 11 (see the xfail below)
+    # its validation loss is an AverageMeter, reduced over the ranks by distify.reduce_meters
     "project_helper": Case("--batch_size", 32, ("save/ckpt_epoch_2.pth", "save/last.pth"),
                            exact=("val_correct", "val_total"), close=("best_acc", "final_lr"),
                            per_process=("opt.batch_size",)),
@@ -264,8 +264,6 @@ def test_two_processes_train_one_model_on_different_data(name, runs) -> None:
                       exact=False, rtol=2e-3, atol=2e-4, skip=case.per_process)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 11: a per-process AverageMeter is not reduced, "
-                                       "so the validation loss is one shard's")
 def test_an_average_meter_metric_equals_the_original(runs) -> None:
     got = result_line(runs["project_helper", "two"].check().proc.stdout)
     want = result_line(runs["project_helper", "original"].check().proc.stdout)

@@ -11,6 +11,7 @@ import libcst as cst
 
 from distify.analysis.evaluation import is_eval_context
 from distify.analysis.facts import FileFacts
+from distify.analysis.names import dotted_name
 from distify.convert.syntax import _LOOP_WRAPPERS, _callee, _code, _is_zero
 from distify.rules import RuleSet
 
@@ -31,6 +32,8 @@ class _Scope:
     loaders: set[str] = field(default_factory=set)
     zero_inits: set[str] = field(default_factory=set)
     lists: set[str] = field(default_factory=set)
+    #: running-average meters built here (``losses = AverageMeter()``)
+    meters: set[str] = field(default_factory=set)
     prepared_models: set[str] = field(default_factory=set)
     samplers: set[str] = field(default_factory=set)
     saw_eval: bool = False
@@ -56,6 +59,10 @@ class _Loop:
     #: the ``i`` of ``for i, batch in enumerate(loader)``
     index: str | None = None
     appended: list[str] = field(default_factory=list)
+    #: meters updated in the loop (``losses.update(loss.item(), n)``)
+    meters: list[str] = field(default_factory=list)
+    #: lists whose per-sample entries are gathered as they are appended
+    gathered: set[str] = field(default_factory=set)
     assigned: set[str] = field(default_factory=set)
     has_backward: bool = False
     breaks: list[tuple[cst.CSTNode, str]] = field(default_factory=list)
@@ -281,11 +288,16 @@ class TransformerBase(cst.CSTTransformer):
                 loop.resets.update(names)
         if isinstance(value, cst.List) and not value.elements:
             self._scope.lists.update(names)
+        if isinstance(value, cst.Call) and (dotted_name(value.func) or "").endswith("Meter"):
+            self._scope.meters.update(names)
         for target in node.targets:
             if isinstance(target.target, cst.Tuple) and isinstance(value, cst.Tuple):
                 for elem, val in zip(target.target.elements, value.elements):
                     if isinstance(elem.value, cst.Name) and _is_zero(val.value):
                         self._scope.zero_inits.add(elem.value.value)
+                    if isinstance(elem.value, cst.Name) and isinstance(val.value, cst.List) \
+                            and not val.value.elements:
+                        self._scope.lists.add(elem.value.value)
         if self._loops and not _is_count_up(value, names):
             for name in names:
                 self._loops[-1].assigned.add(name)

@@ -23,6 +23,7 @@ from distify.convert.syntax import (
     _code,
     _has_modulo,
     _is_method_call,
+    _is_rt_call,
     _leaves_loop,
     _names_in,
     _strip_parens,
@@ -54,14 +55,26 @@ class LoopMixin(TransformerBase):
             return updated
         if evaluating:
             for name in loop.appended:
+                if name in loop.gathered:
+                    continue
                 self._edit(updated.target, "gather", f"`{name}` collects per-process results: "
                            f"gather them with `{name} = {self.rt}.gather_for_metrics(...)` "
                            "before computing a metric", human=True)
         names = [n for n in loop.accumulators if n not in loop.resets
                  and (evaluating or self._data_dependent(loop, n))]
-        if not names:
-            return updated
         reduces = []
+        if loop.meters:
+            line = cst.SimpleStatementLine(body=[cst.Expr(self._rt_call(
+                "reduce_meters", *(cst.Name(n) for n in loop.meters)))])
+            listed = ", ".join(f"`{n}`" for n in loop.meters)
+            self._edit(line, "reduce", f"{listed}: the meters' sums and counts added over all "
+                       "processes and `avg` recomputed, so an average of per-sample means "
+                       "updated with their counts (`update(value, n)`) is the whole data set's")
+            reduces.append(line)
+            for outer in self._loops:
+                outer.meters = [n for n in outer.meters if n not in loop.meters]
+        if not names and not reduces:
+            return updated
         for name in names:
             line = cst.SimpleStatementLine(body=[cst.Assign(
                 targets=[cst.AssignTarget(cst.Name(name))],
@@ -76,6 +89,33 @@ class LoopMixin(TransformerBase):
         for outer in self._loops:  # the reduced value is no longer an accumulator out there
             outer.accumulators = [n for n in outer.accumulators if n not in names]
         return cst.FlattenSentinel([updated, *reduces])
+
+    def _gather_collected(self, original: cst.Call,
+                          updated: cst.Call) -> cst.BaseExpression | None:
+        """``preds.append(out.argmax(1))`` in an evaluation loop over a loader →
+        ``preds.append(rt.gather_for_metrics(out.argmax(1)))``: the list holds every
+        process's samples once (repeats of a padded shard dropped), as one process's would."""
+        func = original.func
+        loops = [loop for loop in self._loops if loop.loaderish]
+        if not (loops and self._in_eval() and isinstance(func.value, cst.Name)
+                and func.value.value in self._scope.lists and len(updated.args) == 1
+                and updated.args[0].keyword is None and not updated.args[0].star):
+            return None
+        loop = loops[-1]
+        value = updated.args[0].value
+        if not _per_sample(original.args[0].value, loop.targets | loop.assigned) \
+                or _is_rt_call(value, self.rt, "gather_for_metrics"):
+            return None
+        name = func.value.value
+        for each in self._loops:
+            each.gathered.add(name)
+        new = updated.with_changes(args=[updated.args[0].with_changes(
+            value=self._rt_call("gather_for_metrics", value))])
+        self._edit(new, "gather", f"`{name}` gathers each batch's results from every process "
+                   "(samples repeated to pad a shard dropped), so it holds the whole set once; "
+                   "within a batch they come process by process, so pair them with labels "
+                   "collected the same way, not with the data set's order")
+        return new
 
     @staticmethod
     def _data_dependent(loop: _Loop, name: str) -> bool:
@@ -225,6 +265,35 @@ class LoopMixin(TransformerBase):
         self._edit(node, "data", "this training loop is not fed by a DataLoader: every process "
                    "trains on the same batches. Shard them yourself with "
                    f"{self.rt}.rank() and {self.rt}.world_size()", human=True)
+
+
+#: calls whose result is one number per batch, not per sample
+_SCALARS = ("item", "float", "int", "round", "len")
+
+
+def _per_sample(value: cst.BaseExpression, batch_names: set[str]) -> bool:
+    """Is ``value`` per-sample results of the batch (``out.argmax(1)``, ``labels.tolist()``),
+    not one number per batch (``loss.item()``, ``float(acc)``, a ``loss`` tensor)?"""
+    finder = _Calls()
+    value.visit(finder)
+    if finder.names & set(_SCALARS) or isinstance(value, (cst.Integer, cst.Float)):
+        return False
+    names = _names_in(value)
+    if any("loss" in name.lower() for name in names):
+        return False
+    return bool(names & batch_names)
+
+
+class _Calls(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        if isinstance(func, cst.Attribute):
+            self.names.add(func.attr.value)
+        elif isinstance(func, cst.Name):
+            self.names.add(func.value)
 
 
 def _enumerate_index(node: cst.For) -> str | None:

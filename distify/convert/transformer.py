@@ -183,6 +183,10 @@ class DistifyTransformer(BatchShapeMixin, ModelMixin, PrepareMixin, DeviceMixin,
                 and func.value.value in self._scope.lists
                 and func.value.value not in self._loops[-1].appended):
             self._loops[-1].appended.append(func.value.value)
+        if (isinstance(func, cst.Attribute) and func.attr.value == "update" and self._loops
+                and isinstance(func.value, cst.Name) and func.value.value in self._scope.meters
+                and func.value.value not in self._loops[-1].meters):
+            self._loops[-1].meters.append(func.value.value)
 
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
         updated = self._batch_shape_call(original, updated)
@@ -215,6 +219,8 @@ class DistifyTransformer(BatchShapeMixin, ModelMixin, PrepareMixin, DeviceMixin,
             return self._rewrite_backward_call(updated, func)
         if method == "strftime":
             return self._rewrite_timestamp_method(original, updated) or updated
+        if method in ("append", "extend"):
+            return self._gather_collected(original, updated) or updated
         return self._rewrite_device_method(updated, func, method) or updated
 
     # ---------------------------------------------------------------- module

@@ -18,6 +18,7 @@ from ._collectives import (
     local_main_process_first,
     main_process_first,
     reduce,
+    reduce_meters,
     shared_generator,
     wait_for_everyone,
 )
@@ -43,7 +44,7 @@ __all__ = [
     "clip_grad_norm_", "clip_grad_value_", "device", "gather", "gather_for_metrics", "init",
     "is_local_main_process", "is_main_process", "load", "local_main_process_first",
     "local_rank", "local_world_size", "main_process_first", "mixed_precision", "on_main_process",
-    "prepare", "print", "rank", "reduce", "save", "set_seed", "shared_generator", "sync_gradients",
-    "unwrap",
+    "prepare", "print", "rank", "reduce", "reduce_meters", "save", "set_seed", "shared_generator",
+    "sync_gradients", "unwrap",
     "wait_for_everyone", "world_size",
 ]

@@ -72,6 +72,48 @@ def gather_for_metrics(value: Any) -> Any:
     return _gather(value, drop=_data.current_padding(), name="gather_for_metrics")
 
 
+def reduce_meters(*meters: Any) -> None:
+    """Sum running-average meters (``AverageMeter``-style objects with ``sum`` and ``count``)
+    over all ranks, in place, and recompute their ``avg``: an average over every rank's
+    samples, which equals the single-process one when every rank's ``update(value, n)`` was
+    given per-sample means weighted by their sample counts. ``val`` (the last value) stays
+    this rank's. One collective for all of them; in a single process, nothing changes.
+
+    Raises:
+        DistifyTypeError: a meter has no numeric ``sum`` and ``count``.
+    """
+    fields = []
+    for meter in meters:
+        for name in ("sum", "count"):
+            value = getattr(meter, name, None)
+            if isinstance(value, torch.Tensor) and value.numel() == 1:
+                value = value.item()
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise DistifyTypeError(
+                    f"distify.reduce_meters: {type(meter).__name__} has no numeric `.{name}` "
+                    f"({type(value).__name__}): reduce its totals with distify.reduce instead")
+            fields.append(value)
+    if _state.world_size() == 1 or not meters:
+        return
+    if _state.state().debug:
+        _debug.check(f"reduce_meters({len(meters)})")
+    totals = _reduce_tensor(torch.tensor(fields, dtype=torch.float64), "sum").tolist()
+    for index, meter in enumerate(meters):
+        total, count = totals[2 * index], totals[2 * index + 1]
+        integral = isinstance(fields[2 * index + 1], int)
+        _set_number(meter, "sum", total, like=meter.sum)
+        _set_number(meter, "count", int(round(count)) if integral else count,
+                    like=meter.count)
+        if hasattr(meter, "avg") and count:
+            _set_number(meter, "avg", total / count, like=meter.avg)
+
+
+def _set_number(meter: Any, name: str, value: float, like: Any) -> None:
+    if isinstance(like, torch.Tensor):
+        value = torch.tensor(value, dtype=like.dtype, device=like.device).reshape(like.shape)
+    setattr(meter, name, value)
+
+
 def broadcast_object(obj: Any) -> Any:
     """The main process's ``obj`` on every rank (e.g. a run name made from its clock).
 
@@ -205,7 +247,14 @@ def _gather(value: Any, drop: int, name: str) -> Any:
         _debug.check(f"{name}({_debug.describe(value, any_length=True)})")
     if isinstance(value, list) and not tensors_in(value):
         return _gather_objects(value, drop)
+    if _is_ndarray(value):  # NumPy arrays travel as tensors (no NumPy import needed here)
+        return _gather_tensor(torch.from_numpy(value), drop).numpy()
     return map_tensors(value, lambda tensor: _gather_tensor(tensor, drop))
+
+
+def _is_ndarray(value: Any) -> bool:
+    kind = type(value)
+    return kind.__name__ == "ndarray" and kind.__module__ == "numpy"
 
 
 def _gather_tensor(tensor: torch.Tensor, drop: int) -> torch.Tensor:
