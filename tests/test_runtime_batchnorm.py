@@ -135,3 +135,16 @@ def test_plain_ddp_ranks_evaluate_with_their_own_statistics(tmp_path):
     _, (rank0, rank1) = _recorded_run(tmp_path, BATCHNORM / "plain_ddp.py")
     assert [len(layer) for layer in rank0] == [len(layer) for layer in rank1] == [2, 2]
     assert all(a != b for a, b in zip(rank0, rank1))
+
+
+def test_buffers_of_every_dtype_are_the_main_process_after_a_training_step(tmp_path):
+    # float64, float16, int8, int32 and a non-persistent float buffer, changed by each rank's
+    # forward differently; ``wide`` is saved for the backward, which the write must not break
+    run_torchrun(BATCHNORM / "buffer_kinds.py", str(tmp_path), nproc=2, cwd=tmp_path,
+                 env=clean_env(PYTHONPATH=str(REPO)), timeout=TIMEOUT_S, replicas=True)
+    rank0, rank1 = (json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1))
+    assert rank1 == rank0
+    assert rank0["counters.wide"] == [1.0] * 3  # rank 0's own forward: + 1
+    assert rank0["counters.count"] == 1
+    # a BatchNorm in eval mode inside a training model keeps its statistics
+    assert rank0["frozen.running_mean"] == [0.0] * 3 and rank0["frozen.num_batches_tracked"] == 0

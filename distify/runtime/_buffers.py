@@ -6,7 +6,7 @@ and ``num_batches_tracked``): every rank then evaluates its shard with its own s
 the checkpoint the main process writes holds statistics the other ranks never used. Syncing
 at evaluation time instead would put a collective where only the main process may be (sample
 generation under ``if distify.is_main_process():``). So a prepared model's DDP does not sync
-buffers in its forward; :func:`broadcast_from_main` runs right *after* each training forward
+buffers in its forward; :class:`BufferSync` broadcasts them right *after* each training forward
 instead: one collective per training forward, as DDP's own sync costs, and between forwards
 every rank holds rank 0's buffers, whatever runs next (an evaluation, a save, a sample).
 
@@ -26,65 +26,72 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from . import _debug, _state
 
 _INTEGERS = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
 
-def has_buffers(model: nn.Module) -> bool:
-    """Whether ``model`` has buffers at all (DDP, too, decides that once, when it is built)."""
-    return next(model.buffers(), None) is not None
+class BufferSync:
+    """A prepared model's buffers, broadcast from the main process after a training forward.
+
+    Where the buffers are (module and name, minus those DDP ignores) is found once, when the
+    model is prepared, like DDP's own list of buffers; their tensors and the modules'
+    training flags are read again at each broadcast.
+    """
+
+    def __init__(self, model: nn.Module, class_name: str) -> None:
+        ignored = set(getattr(model, "_ddp_params_and_buffers_to_ignore", ()))
+        self.class_name = class_name
+        self.places = [(module, name) for prefix, module in model.named_modules()
+                       for name in module._buffers
+                       if f"{prefix}.{name}".lstrip(".") not in ignored]
+
+    def broadcast_from_main(self) -> None:
+        """Overwrite this rank's training-mode buffers with the main process's."""
+        groups: dict[torch.device, dict[torch.dtype, list[torch.Tensor]]] = {}
+        for module, name in self.places:
+            buffer = module._buffers.get(name) if module.training else None
+            if buffer is not None and buffer.layout is torch.strided and (
+                    buffer.is_floating_point() or buffer.dtype in _INTEGERS):
+                groups.setdefault(buffer.device, {}).setdefault(buffer.dtype, []).append(buffer)
+        for by_dtype in groups.values():
+            self._broadcast(by_dtype)
+
+    def _broadcast(self, by_dtype: dict[torch.dtype, list[torch.Tensor]]) -> None:
+        # One broadcast of bytes for every dtype. Widest elements first, so that each dtype's
+        # bytes start at a multiple of its element size and can be viewed back as it.
+        dtypes = sorted(by_dtype, key=lambda dtype: -by_dtype[dtype][0].element_size())
+        with torch.no_grad():
+            flats = [_flatten_dense_tensors(by_dtype[dtype]) for dtype in dtypes]
+            packed = torch.cat([flat.view(torch.uint8) for flat in flats])
+            if _state.state().debug:
+                count = sum(len(buffers) for buffers in by_dtype.values())
+                _debug.check(f"broadcast_buffers({self.class_name}, {count} tensors, "
+                             f"{packed.numel()} bytes)")
+            dist.broadcast(packed, src=0)
+            if _state.rank() == 0:
+                return
+            chunks = packed.split([flat.numel() * flat.element_size() for flat in flats])
+            for dtype, chunk in zip(dtypes, chunks):
+                buffers = by_dtype[dtype]
+                # Through ``.data``, which autograd does not count: the forward saved these
+                # buffers for its backward (BatchNorm's running statistics are inputs of its
+                # backward), which would refuse a counted in-place write. In training mode
+                # BatchNorm's backward uses the batch statistics, not the running ones, so
+                # the new values do not change its gradients.
+                torch._foreach_copy_([buffer.data for buffer in buffers],
+                                     _unflatten_dense_tensors(chunk.view(dtype), buffers))
 
 
-def broadcast_from_main(model: nn.Module, class_name: str) -> None:
-    """Overwrite this rank's training-mode buffers of ``model`` with the main process's.
+def for_model(model: nn.Module, class_name: str) -> BufferSync | None:
+    """The buffer sync of a model under DDP; None when it has no buffers (it costs nothing).
 
     Args:
-        model: a prepared model under DDP, right after a training forward.
-        class_name: the model's class, to name the collective in debug mode.
+        model: the prepared model.
+        class_name: the model's class, to name the broadcast in debug mode.
     """
-    by_device: dict[torch.device, list[torch.Tensor]] = {}
-    for buffer in _changing_buffers(model):
-        by_device.setdefault(buffer.device, []).append(buffer)
-    for buffers in by_device.values():
-        _broadcast(buffers, class_name)
-
-
-def _changing_buffers(model: nn.Module) -> list[torch.Tensor]:
-    """The buffers a training forward may have changed, in the same order on every rank."""
-    ignored = set(getattr(model, "_ddp_params_and_buffers_to_ignore", ()))
-    seen: set[int] = set()
-    found = []
-    for prefix, module in model.named_modules():
-        if not module.training:
-            continue
-        for name, buffer in module._buffers.items():
-            if (buffer is None or id(buffer) in seen or buffer.layout is not torch.strided
-                    or not (buffer.is_floating_point() or buffer.dtype in _INTEGERS)
-                    or f"{prefix}.{name}".lstrip(".") in ignored):
-                continue
-            seen.add(id(buffer))
-            found.append(buffer)
-    # Widest elements first: then each one's bytes start at a multiple of its element size
-    # in the packed tensor, so they can be viewed back as their own dtype.
-    found.sort(key=lambda buffer: -buffer.element_size())
-    return found
-
-
-def _broadcast(buffers: list[torch.Tensor], class_name: str) -> None:
-    with torch.no_grad():
-        packed = torch.cat([buffer.reshape(-1).view(torch.uint8) for buffer in buffers])
-        if _state.state().debug:
-            _debug.check(f"broadcast_buffers({class_name}, {len(buffers)} tensors, "
-                         f"{packed.numel()} bytes)")
-        dist.broadcast(packed, src=0)
-        if _state.rank() == 0:
-            return
-        unpacked = [chunk.view(buffer.dtype).view(buffer.shape) for buffer, chunk in
-                    zip(buffers, packed.split([b.numel() * b.element_size() for b in buffers]))]
-        # Through ``.data``, which autograd does not count: the forward saved these buffers
-        # for its backward (BatchNorm's running statistics are inputs of its backward), which
-        # would refuse a counted in-place write. In training mode BatchNorm's backward uses
-        # the batch statistics, not the running ones, so the new values do not change it.
-        torch._foreach_copy_([buffer.data for buffer in buffers], unpacked)
+    if next(model.buffers(), None) is None:
+        return None
+    return BufferSync(model, class_name)

@@ -52,8 +52,9 @@ class _Runtime:
 
     def __init__(self, ddp: DistributedDataParallel | None) -> None:
         self.ddp = ddp
-        #: broadcast the main process's buffers after each training forward (see ``_buffers``)
-        self.sync_buffers = ddp is not None and _buffers.has_buffers(ddp.module)
+        #: broadcasts the main process's buffers after each training forward
+        self.buffers = None if ddp is None else \
+            _buffers.for_model(ddp.module, original_class(ddp.module).__name__)
         self.inside_ddp = False
         self.warned = False
 
@@ -293,9 +294,8 @@ def _call_through_ddp(runtime: _Runtime, args: tuple, kwargs: dict) -> Any:
         outputs = runtime.ddp(*args, **kwargs)
     finally:
         runtime.inside_ddp = False
-    if runtime.sync_buffers:
-        model = runtime.ddp.module
-        _buffers.broadcast_from_main(model, original_class(model).__name__)
+    if runtime.buffers is not None:
+        runtime.buffers.broadcast_from_main()
     return outputs
 
 
