@@ -185,15 +185,18 @@ def test_collectives_are_identity_in_one_process(fresh):
         distify.reduce("3")
 
 
-def test_iterable_dataset_is_refused_when_sharding(fresh):
+def test_an_iterable_dataset_is_sharded_by_stream_position(fresh):
     class Stream(IterableDataset):
         def __iter__(self):
             return iter(range(4))
 
-    fresh.setattr(_state, "_STATE", _state.State(0, 0, 2, 2, torch.device("cpu"), "no", False))
-    with pytest.raises(distify.DistifyError, match="shard=False"):
-        distify.prepare(DataLoader(Stream()))
-    assert isinstance(distify.prepare(DataLoader(Stream()), shard=False), _data.PreparedDataLoader)
+    fresh.setattr(_state, "_STATE", _state.State(1, 1, 2, 2, torch.device("cpu"), "no", False))
+    prepared = distify.prepare(DataLoader(Stream(), batch_size=None))
+    assert isinstance(prepared, _data.PreparedDataLoader)
+    assert isinstance(prepared._loader.dataset, _data._RankStream)
+    # what each rank draws is tested on two real processes (tests/test_runtime_data_stream.py)
+    kept = distify.prepare(DataLoader(Stream()), shard=False)
+    assert isinstance(kept, _data.PreparedDataLoader) and kept._loader.dataset.__class__ is Stream
 
 
 def test_sharded_loader_keeps_the_loader_settings(fresh):
