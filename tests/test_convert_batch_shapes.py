@@ -174,6 +174,10 @@ def test_rewrite_is_reported_with_its_line() -> None:
                  "    real = torch.ones(batch_size, 1)\n", id="batch-size-rebound-in-the-loop"),
     pytest.param("for x, y in loader:\n    x = x.float()\n    z = torch.randn(64, 8)\n",
                  id="a-literal"),
+    pytest.param("for x, y in loader:\n    x = x.float()\n"
+                 "    noise = lambda: torch.randn(batch_size, 8)\n"
+                 "    def sample():\n        return torch.randn(batch_size, 8)\n",
+                 id="run-later"),
 ])
 def test_no_op_neighbours(body: str) -> None:
     result, output = _convert(body)

@@ -14,17 +14,22 @@ Only where that is the same value on one process: the loop iterates (directly, o
 ``enumerate``/``tqdm``) a DataLoader built in this file with exactly that ``batch_size=`` and
 the default collate function, and ``images`` is a tensor of that batch: a name of the loop
 target (``for images, labels in loader``, ``for i, (x, y) in enumerate(loader)``), or taken
-from it (``x, y = batch``, ``x = batch[0].to(device)``), seen used as a tensor and not rebound
-to anything else since. On one process every batch of such a loop is a full one whenever the
-original works (a short one would not fit its shapes), so the output is identical there.
+from it (``x, y = batch``, ``x = batch[0].to(device)``), seen used as a tensor (above the
+shape, in source order) and not rebound to anything else since. On one process the two are
+equal as long as every batch is full, which a script that writes the batch size into shapes
+relies on: a short batch would not fit them (with ``drop_last=True`` none comes). The one
+exception is a data set the batch size does not divide, with a tensor sized by the batch size
+that never meets the batch (noise for a generator whose output is not compared with it): its
+last batch's noise becomes the batch's size.
 
 Reported, not rewritten: the batch size in a shape where that cannot be proved (a loader
 passed in as a parameter, a custom ``collate_fn``, no tensor known to be the batch, the batch
 size in arithmetic or in another dimension: ``x.view(seq_len, batch_size * 2)``).
 
 Deliberately not done: anything outside a loop over a DataLoader (a model or a buffer sized by
-the batch size when it is built), uses that are not shapes (``loss / batch_size``,
-``range(batch_size)``), and callables not in the tables below (a helper ``sample(batch_size)``).
+the batch size when it is built), in a ``def`` or ``lambda`` inside one (it may run later),
+uses that are not shapes (``loss / batch_size``, ``range(batch_size)``), and callables not in
+the tables below (a helper ``sample(batch_size)``).
 """
 
 from __future__ import annotations
@@ -107,6 +112,8 @@ class BatchShapeMixin(TransformerBase):
         self._assigned_in = {}  # scope → the names it binds
         self._class_scopes: set[tuple[str, ...]] = set()
         self._batch_size_names: set[str] | None = None
+        self._loader_names: set[str] | None = None
+        self._lambdas = 0  # a lambda runs later, when its names may hold something else
 
     # ------------------------------------------------------------ the loop and its batch
     def visit_For(self, node: cst.For) -> None:
@@ -146,6 +153,13 @@ class BatchShapeMixin(TransformerBase):
                 target = pair[1].value if len(pair) == 2 else None
             iterated = iterated.args[0].value
         return iterated, target
+
+    def visit_Lambda(self, node: cst.Lambda) -> None:
+        self._lambdas += 1
+
+    def leave_Lambda(self, original: cst.Lambda, updated: cst.Lambda) -> cst.Lambda:
+        self._lambdas -= 1
+        return updated
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
         """``x.to(device)``, ``x.size(0)``: ``x`` holds a tensor."""
@@ -320,11 +334,21 @@ class BatchShapeMixin(TransformerBase):
             return
         self._assigned_in.setdefault(scope, set()).update(_target_names(target))
         code = dotted_name(target)
-        if code is None or not isinstance(value, cst.Call) \
+        if code is None or not isinstance(value, cst.Call) or not self._may_be_loader(value) \
                 or not self.rules.match("dataloaders", self._qual(value.func)):
             return
         key = (None, code) if isinstance(target, cst.Attribute) else (scope, code)
         self._loaders_built.setdefault(key, []).append(_built(value, scope))
+
+    def _may_be_loader(self, call: cst.Call) -> bool:
+        """A cheap test before the qualified name: is the callee named like a DataLoader?"""
+        if self._loader_names is None:
+            self._loader_names = {n.rsplit(".", 1)[-1] for n in self.rules.names("dataloaders")}
+        if any(not n.isidentifier() for n in self._loader_names):  # a pattern: no shortcut
+            return True
+        func = call.func
+        name = func.attr if isinstance(func, cst.Attribute) else func
+        return isinstance(name, cst.Name) and name.value in self._loader_names
 
     def _all_batch_sizes(self) -> set[str]:
         """The batch sizes of every DataLoader built in the file."""
@@ -338,7 +362,8 @@ class BatchShapeMixin(TransformerBase):
     def _batch_shape_call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
         """Called for every call left: ``torch.ones(batch_size, 1)`` in a loop over a
         DataLoader → ``torch.ones(images.size(0), 1)``, or a note when not provable."""
-        if not self._batch_loops or self._batch_loops[-1].scope != len(self._scopes):
+        if not self._batch_loops or self._batch_loops[-1].scope != len(self._scopes) \
+                or self._lambdas:
             return updated
         loop = self._batch_loops[-1]
         shape = self._shape_of(original)
