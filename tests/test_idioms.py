@@ -90,7 +90,7 @@ REPORTS = {
     "wrapper_calls": ({"prepare-model", "backward", "reduce"}, set()),
     "checkpoint_resume": ({"prepare-model", "prepare-scheduler", "save", "load", "guard"},
                           set()),
-    "logging_progress": ({"progress", "logging", "timestamp", "guard", "reduce"}, set()),
+    "logging_progress": ({"progress", "logging", "timestamp", "write", "reduce"}, set()),
     "data_kwargs": ({"prepare-dataloader", "prepare-scheduler", "reduce"}, set()),
     "downloads_trackers": ({"download", "guard", "reduce"}, set()),
     "compiled": ({"prepare-model", "prepare-dataloader", "reduce", "save"}, set()),

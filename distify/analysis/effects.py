@@ -30,6 +30,8 @@ _WRITE_MODE = re.compile(r"[rwxabtU+]+")
 HANDLE_KEYWORDS = ("fp", "file", "stream", "f")
 _CONSOLE = frozenset({"sys.stdout", "sys.stderr"})
 _NOTHING: Any = object()
+#: the distify runtime, under the names a conversion imports it as
+RUNTIME_PREFIXES = ("distify.runtime.", "distify_runtime.")
 
 
 class _Matches(Protocol):
@@ -120,6 +122,8 @@ def _cst_argument(node: cst.BaseExpression, imports: ImportMap) -> Argument:
 def side_effect(rules: _Matches, callee: str | None, shape: CallShape) -> dict | None:
     """The ``side_effects`` entry of a call that writes, logs or changes the filesystem on every
     process it runs on; None when it does not (no match, or its arguments make it harmless)."""
+    if callee is None or callee.startswith(RUNTIME_PREFIXES):
+        return None  # the runtime's own open/save write once, by construction
     entry = rules.match("side_effects", callee)
     if entry is None or _made_safe(entry, shape):
         return None

@@ -12,6 +12,7 @@ import warnings
 from dataclasses import dataclass, field
 
 from distify.analysis import parallelism
+from distify.analysis.effects import writes_mode
 from distify.analysis.names import ImportMap
 from distify.analysis.parallelism import Parallelism
 from distify.analysis.training import Training, analyse, collect
@@ -36,6 +37,8 @@ class FileFacts:
     longest_line: int = 0
     #: the file seeds a random generator somewhere (``torch.manual_seed``, ``set_seed``, ...)
     seeds: bool = False
+    #: the paths it opens for writing with the builtin ``open`` (as ``ast.unparse`` spells them)
+    written_paths: set[str] = field(default_factory=set)
     #: what its optimizers and backward passes train (see :mod:`distify.analysis.training`)
     training: Training = field(default_factory=Training)
 
@@ -103,6 +106,12 @@ def gather_facts(tree: ast.Module, source: bytes, rules: RuleSet) -> FileFacts:
             facts.names.add(node.rest)
         elif isinstance(node, (ast.Global, ast.Nonlocal)):
             facts.names.update(node.names)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                and node.func.id == "open" and node.args:
+            mode = node.args[1] if len(node.args) > 1 else next(
+                (k.value for k in node.keywords if k.arg == "mode"), None)
+            if isinstance(mode, ast.Constant) and writes_mode(mode.value):
+                facts.written_paths.add(ast.unparse(node.args[0]))
         elif seed_names and isinstance(node, ast.Call) and not facts.seeds \
                 and _last_name(node.func) in seed_names:
             facts.seeds = rules.match("seeds",

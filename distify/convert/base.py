@@ -32,6 +32,8 @@ class _Scope:
     loaders: set[str] = field(default_factory=set)
     zero_inits: set[str] = field(default_factory=set)
     lists: set[str] = field(default_factory=set)
+    #: in-memory files built here (``buffer = io.BytesIO()``): saving into one is no side effect
+    buffers: set[str] = field(default_factory=set)
     #: running-average meters built here (``losses = AverageMeter()``)
     meters: set[str] = field(default_factory=set)
     prepared_models: set[str] = field(default_factory=set)
@@ -160,6 +162,9 @@ class TransformerBase(cst.CSTTransformer):
         self._downloads: list[bool] = []
         self._download_stmts = NodeSet()
         self._main_only_depth = 0
+        #: names of files opened with ``rt.open`` (``with open(p, "w") as f``): dumps into
+        #: them run on every process, and write once
+        self._runtime_handles: set[str] = set()
         self._guards = NodeSet()  # the `if rt.is_main_process():` the rewrite added
         self._expr_depth = 0
         self._expr_call: cst.BaseExpression | None = None
@@ -288,6 +293,8 @@ class TransformerBase(cst.CSTTransformer):
                 loop.resets.update(names)
         if isinstance(value, cst.List) and not value.elements:
             self._scope.lists.update(names)
+        if isinstance(value, cst.Call) and self._qual(value.func) in ("io.BytesIO", "io.StringIO"):
+            self._scope.buffers.update(names)
         if isinstance(value, cst.Call) and (dotted_name(value.func) or "").endswith("Meter"):
             self._scope.meters.update(names)
         for target in node.targets:

@@ -267,8 +267,9 @@ class LoopMixin(TransformerBase):
                    f"{self.rt}.rank() and {self.rt}.world_size()", human=True)
 
 
-#: calls whose result is one number per batch, not per sample
-_SCALARS = ("item", "float", "int", "round", "len")
+#: methods and functions whose result is one number per batch, not per sample
+_SCALAR_METHODS = frozenset({"item"})
+_SCALAR_FUNCTIONS = frozenset({"float", "int", "round", "len"})
 
 
 def _per_sample(value: cst.BaseExpression, batch_names: set[str]) -> bool:
@@ -276,7 +277,8 @@ def _per_sample(value: cst.BaseExpression, batch_names: set[str]) -> bool:
     not one number per batch (``loss.item()``, ``float(acc)``, a ``loss`` tensor)?"""
     finder = _Calls()
     value.visit(finder)
-    if finder.names & set(_SCALARS) or isinstance(value, (cst.Integer, cst.Float)):
+    if finder.methods & _SCALAR_METHODS or finder.functions & _SCALAR_FUNCTIONS \
+            or isinstance(value, (cst.Integer, cst.Float)):
         return False
     names = _names_in(value)
     if any("loss" in name.lower() for name in names):
@@ -286,14 +288,15 @@ def _per_sample(value: cst.BaseExpression, batch_names: set[str]) -> bool:
 
 class _Calls(cst.CSTVisitor):
     def __init__(self) -> None:
-        self.names: set[str] = set()
+        self.methods: set[str] = set()
+        self.functions: set[str] = set()
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
         if isinstance(func, cst.Attribute):
-            self.names.add(func.attr.value)
+            self.methods.add(func.attr.value)
         elif isinstance(func, cst.Name):
-            self.names.add(func.value)
+            self.functions.add(func.value)
 
 
 def _enumerate_index(node: cst.For) -> str | None:

@@ -10,11 +10,12 @@ process; ``logging.basicConfig(level=...)`` → warnings only elsewhere; dataset
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Sequence
 
 import libcst as cst
 
-from distify.analysis.effects import cst_shape, side_effect
+from distify.analysis.effects import HANDLE_KEYWORDS, cst_shape, side_effect, writes_mode
 from distify.analysis.evaluation import is_eval_context
 from distify.analysis.names import dotted_name
 from distify.convert.base import TransformerBase
@@ -37,12 +38,28 @@ _RUNTIME_REPLACEMENTS = (
 )
 
 
+#: the builtin ``open`` under its names
+_OPENS = ("open", "io.open")
+
+
+def _normalised(node: cst.BaseExpression) -> str | None:
+    """``node``'s source as ``ast.unparse`` spells it (how the facts record written paths)."""
+    try:
+        return ast.unparse(ast.parse(_code(node).strip(), mode="eval").body)
+    except SyntaxError:
+        return None
+
+
 class SideEffectMixin(TransformerBase):
     def _rewrite_side_effect_call(self, original: cst.Call, updated: cst.Call,
                                   qual: str) -> cst.BaseExpression | None:
         rules = self.rules
         if qual == "print" and "print" not in self.facts.bound:  # the builtin, not a local
             return self._retarget(updated, "print", "print", "print on the main process only")
+        if qual in _OPENS and self._is_open(original.func):
+            new = self._runtime_open(original, updated)
+            if new is not None:
+                return new
         if self._downloads and any(arg.keyword and arg.keyword.value == "download"
                                    and not _is_false(arg.value) for arg in original.args):
             self._downloads[-1] = True
@@ -73,6 +90,8 @@ class SideEffectMixin(TransformerBase):
                 return new
             self._edit(updated, "side-effect", f"{qual}(...) writes on every process: guard "
                        f"it with `if {self.rt}.is_main_process():`", human=True)
+        if rules.match("saves", qual) and self._into_memory(original):
+            return None  # `torch.save(obj, buffer)`: every process keeps its own bytes
         for category, kind, what in _RUNTIME_REPLACEMENTS:
             entry = rules.match(category, qual)
             if entry is not None and entry.get("runtime"):
@@ -98,10 +117,57 @@ class SideEffectMixin(TransformerBase):
             return None
         callee = self.facts.imports.cst_loose_qualname(call.func)
         if callee is None or self.rules.match("saves", callee) \
-                or self.rules.match("side_effects", callee) is None:
+                or self.rules.match("side_effects", callee) is None or self._is_open(call.func):
+            return None  # the builtin open becomes the runtime's (see _runtime_open)
+        shape = cst_shape(call, self.facts.imports)
+        entry = side_effect(self.rules, callee, shape)
+        if entry is None:
             return None
-        entry = side_effect(self.rules, callee, cst_shape(call, self.facts.imports))
-        return None if entry is None else entry.get("kind")
+        handle_arg = entry.get("handle_arg")
+        if handle_arg is not None:  # a dump into a file the runtime opened: once, by design
+            handle = shape.argument(handle_arg, HANDLE_KEYWORDS)
+            if handle is not None and (handle.dotted in self._runtime_handles
+                                       or handle.call in _OPENS):
+                return None
+        return entry.get("kind")
+
+    def _into_memory(self, call: cst.Call) -> bool:
+        """Does this save write into an ``io.BytesIO`` built in this scope?"""
+        positional = [a for a in call.args if a.keyword is None and not a.star]
+        target = positional[1].value if len(positional) > 1 else next(
+            (a.value for a in call.args if a.keyword and a.keyword.value == "f"), None)
+        if isinstance(target, cst.Call):
+            return self._qual(target.func) in ("io.BytesIO",)
+        return isinstance(target, cst.Name) and target.value in self._scope.buffers
+
+    def _is_open(self, func: cst.BaseExpression) -> bool:
+        """The builtin ``open`` (or ``io.open``), or the runtime's that replaces it."""
+        qual = self._qual(func)
+        if qual == f"{self.rt}.open":
+            return True
+        return qual in _OPENS and not (qual == "open" and "open" in self.facts.bound)
+
+    def _runtime_open(self, original: cst.Call, updated: cst.Call) -> cst.Call | None:
+        """``open(p, "w")`` → ``rt.open(p, "w")``: the main process writes, atomically, the
+        others write into nothing; ``open(p)`` of a path the script writes → ``rt.open(p)``,
+        which waits for the main process's write of it."""
+        shape = cst_shape(original, self.facts.imports)
+        mode = shape.argument(1, ("mode",))
+        if mode is not None and not mode.is_constant:
+            return None  # a mode decided at run time: left to a human (reported as a write)
+        text = mode.constant if mode is not None else "r"
+        if not isinstance(text, str) or not original.args or original.args[0].keyword:
+            return None
+        if writes_mode(text):
+            what = ("appended to by the main process only (the others write into nothing)"
+                    if "a" in text or "+" in text else
+                    "written by the main process only, atomically (the others write into "
+                    "nothing); a later read of it waits until it is complete")
+        elif _normalised(original.args[0].value) in self.facts.written_paths:
+            what = "read once the main process has finished writing it"
+        else:
+            return None
+        return self._retarget(updated, "open", "write", f"open → {self.rt}.open: {what}")
 
     def _is_side_effect_stmt(self, small: cst.BaseSmallStatement) -> bool:
         return isinstance(small, cst.Expr) and self._side_effect(small.value) is not None
@@ -141,6 +207,11 @@ class SideEffectMixin(TransformerBase):
         return out
 
     def visit_With(self, node: cst.With) -> None:
+        for item in node.items:
+            if isinstance(item.item, cst.Call) and self._is_open(item.item.func) \
+                    and isinstance(item.asname, cst.AsName) \
+                    and isinstance(item.asname.name, cst.Name):
+                self._runtime_handles.add(item.asname.name.value)
         if any(is_eval_context(self.rules, self._qual(_callee(item.item))) for item in node.items):
             self._no_grad_depth += 1
         if self._writes_file(node):
@@ -169,7 +240,7 @@ class SideEffectMixin(TransformerBase):
             return None
         item = node.items[0]
         handle = item.asname.name
-        if not (isinstance(item.item, cst.Call) and self._qual(item.item.func) == "open"
+        if not (isinstance(item.item, cst.Call) and self._is_open(item.item.func)
                 and isinstance(handle, cst.Name) and item.item.args):
             return None
         uses = _runtime_io_calls(node.body, self.rt, handle.value)
@@ -181,6 +252,8 @@ class SideEffectMixin(TransformerBase):
             len(line.body) == 1 else None
         call = small.value if isinstance(small, (cst.Expr, cst.Assign)) else None
         if len(uses) != 1 or call is not uses[0] or item.item.args[0].keyword is not None:
+            if dotted_name(item.item.func) == f"{self.rt}.open":
+                return None  # the runtime's file: atomic, and waited for (see _runtime_open)
             for use in uses:  # the report must not claim what a file object does not give
                 self.edits = [e for e in self.edits if e.node is not use]
                 self._edit(use, "checkpoint", f"{dotted_name(use.func)}(...) through a file "
@@ -267,7 +340,7 @@ class SideEffectMixin(TransformerBase):
         if len(positional) <= position:
             return call
         value = positional[position].value
-        if not (isinstance(value, cst.Call) and self._qual(value.func) == "open" and value.args
+        if not (isinstance(value, cst.Call) and self._is_open(value.func) and value.args
                 and value.args[0].keyword is None):
             return call
         index = list(call.args).index(positional[position])

@@ -23,6 +23,7 @@ from ._collectives import (
     wait_for_everyone,
 )
 from ._errors import DistifyError, DistifyTypeError
+from ._files import open
 from ._io import load, on_main_process, print, save, set_seed
 from ._model import sync_gradients, unwrap
 from ._precision import autocast, backward, clip_grad_norm_, clip_grad_value_
@@ -44,7 +45,6 @@ __all__ = [
     "clip_grad_norm_", "clip_grad_value_", "device", "gather", "gather_for_metrics", "init",
     "is_local_main_process", "is_main_process", "load", "local_main_process_first",
     "local_rank", "local_world_size", "main_process_first", "mixed_precision", "on_main_process",
-    "prepare", "print", "rank", "reduce", "reduce_meters", "save", "set_seed", "shared_generator",
-    "sync_gradients", "unwrap",
-    "wait_for_everyone", "world_size",
+    "open", "prepare", "print", "rank", "reduce", "reduce_meters", "save", "set_seed",
+    "shared_generator", "sync_gradients", "unwrap", "wait_for_everyone", "world_size",
 ]

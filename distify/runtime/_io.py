@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import builtins
 import functools
+import io
 import os
 import random
 import shutil
@@ -44,12 +45,16 @@ def save(obj: Any, f: PathOrFile, **kwargs: Any) -> None:
 
     Args:
         obj: what to save (a state dict, a whole model, ...).
-        f: a path, or an open binary file (written directly).
+        f: a path, or an open binary file (written directly, on the main process only); an
+            ``io.BytesIO`` is written on every process (it is memory, not a shared file).
         **kwargs: passed to ``torch.save``.
     """
     key = _path_key(f)
     if key is not None:  # every rank numbers the saves of each path alike: see load()
         _saves[key] = _saves.get(key, 0) + 1
+    if isinstance(f, io.BytesIO):  # memory, not a file: every process keeps its own copy
+        torch.save(obj, f, **kwargs)
+        return
     if not _state.is_main_process():
         return
     if key is None:
