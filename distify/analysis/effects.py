@@ -138,6 +138,20 @@ def side_effect(rules: _Matches, callee: str | None, shape: CallShape) -> dict |
     return entry
 
 
+#: in-memory files: what is saved into one stays in this process, on every process
+MEMORY_FILES = frozenset({"io.BytesIO", "io.StringIO"})
+
+
+def saves_into_memory(shape: CallShape, memory_names: set[str]) -> bool:
+    """Does a save (``torch.save(obj, f)``) write into an ``io.BytesIO`` (built in the call, or
+    a name ``memory_names`` holds)? Then it is no side effect: every process keeps its bytes."""
+    target = shape.argument(1, ("f",))
+    if target is None:
+        return False
+    return target.call in MEMORY_FILES or (target.dotted is not None
+                                           and target.dotted in memory_names)
+
+
 def opens_for_writing(rules: _Matches, callee: str | None, shape: CallShape) -> bool:
     """Is this an ``open``-like call (a ``mode_arg`` entry) that opens for writing?"""
     entry = rules.match("side_effects", callee)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # `distify check` uses only the ast half: don't make it pay for LibCST
     import libcst as cst
@@ -74,39 +74,35 @@ class ImportMap:
     def loose_qualname(self, node: ast.AST) -> str | None:
         """The loose qualified name of an ``ast`` expression: ``pathlib.Path().write_text``,
         ``<expr>.savefig``; None for a bare non-name."""
-        parts: list[str] = []
-        while isinstance(node, ast.Attribute):
-            parts.append(node.attr)
-            node = node.value
-        if isinstance(node, ast.Name):
-            root = self.resolve(node.id)
-        elif isinstance(node, ast.Call):
-            inner = self.loose_qualname(node.func)
-            root = f"{inner}()" if inner else "<expr>"
-        elif parts:
-            root = "<expr>"
-        else:
-            return None
-        return ".".join([root, *reversed(parts)])
+        return self._loose(node, _AST_SHAPE)
 
     def cst_loose_qualname(self, node: cst.BaseExpression) -> str | None:
         """:meth:`loose_qualname` for a LibCST expression (the same spelling)."""
         import libcst as cst
 
+        return self._loose(node, (cst.Attribute, lambda n: n.attr.value, cst.Name,
+                                  lambda n: n.value, cst.Call))
+
+    def _loose(self, node: Any, shape: tuple) -> str | None:
+        attribute, attr_of, name, id_of, call = shape
         parts: list[str] = []
-        while isinstance(node, cst.Attribute):
-            parts.append(node.attr.value)
+        while isinstance(node, attribute):
+            parts.append(attr_of(node))
             node = node.value
-        if isinstance(node, cst.Name):
-            root = self.resolve(node.value)
-        elif isinstance(node, cst.Call):
-            inner = self.cst_loose_qualname(node.func)
+        if isinstance(node, name):
+            root = self.resolve(id_of(node))
+        elif isinstance(node, call):
+            inner = self._loose(node.func, shape)
             root = f"{inner}()" if inner else "<expr>"
         elif parts:
             root = "<expr>"
         else:
             return None
         return ".".join([root, *reversed(parts)])
+
+
+#: how :meth:`ImportMap._loose` reads an ``ast`` tree: Attribute, its name, Name, its id, Call
+_AST_SHAPE = (ast.Attribute, lambda n: n.attr, ast.Name, lambda n: n.id, ast.Call)
 
 
 #: the fields of a statement that hold statements (imports are statements: no expression can hold

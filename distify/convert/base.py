@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 
 import libcst as cst
 
+from distify.analysis.effects import MEMORY_FILES
 from distify.analysis.evaluation import is_eval_context
 from distify.analysis.facts import FileFacts
 from distify.analysis.names import dotted_name
@@ -293,7 +294,7 @@ class TransformerBase(cst.CSTTransformer):
                 loop.resets.update(names)
         if isinstance(value, cst.List) and not value.elements:
             self._scope.lists.update(names)
-        if isinstance(value, cst.Call) and self._qual(value.func) in ("io.BytesIO", "io.StringIO"):
+        if isinstance(value, cst.Call) and self._qual(value.func) in MEMORY_FILES:
             self._scope.buffers.update(names)
         if isinstance(value, cst.Call) and (dotted_name(value.func) or "").endswith("Meter"):
             self._scope.meters.update(names)

@@ -15,7 +15,13 @@ from collections.abc import Sequence
 
 import libcst as cst
 
-from distify.analysis.effects import HANDLE_KEYWORDS, cst_shape, side_effect, writes_mode
+from distify.analysis.effects import (
+    HANDLE_KEYWORDS,
+    cst_shape,
+    saves_into_memory,
+    side_effect,
+    writes_mode,
+)
 from distify.analysis.evaluation import is_eval_context
 from distify.analysis.names import dotted_name
 from distify.convert.base import TransformerBase
@@ -133,12 +139,7 @@ class SideEffectMixin(TransformerBase):
 
     def _into_memory(self, call: cst.Call) -> bool:
         """Does this save write into an ``io.BytesIO`` built in this scope?"""
-        positional = [a for a in call.args if a.keyword is None and not a.star]
-        target = positional[1].value if len(positional) > 1 else next(
-            (a.value for a in call.args if a.keyword and a.keyword.value == "f"), None)
-        if isinstance(target, cst.Call):
-            return self._qual(target.func) in ("io.BytesIO",)
-        return isinstance(target, cst.Name) and target.value in self._scope.buffers
+        return saves_into_memory(cst_shape(call, self.facts.imports), self._scope.buffers)
 
     def _is_open(self, func: cst.BaseExpression) -> bool:
         """The builtin ``open`` (or ``io.open``), or the runtime's that replaces it."""

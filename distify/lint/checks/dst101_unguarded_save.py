@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import ast
+
+from distify.analysis.effects import MEMORY_FILES, ast_shape, saves_into_memory
+from distify.analysis.names import ast_dotted_name
 from distify.lint.checks._side_effects import SideEffectRule
 from distify.lint.rule import Invalid, Valid
+from distify.rules import Entry
 
 
 class UnguardedSave(SideEffectRule):
@@ -13,7 +18,8 @@ class UnguardedSave(SideEffectRule):
     ``rules/side_effects.yaml``) run once per process in a distributed job: N processes write the
     same file at once, and a reader can see it half written. Save on the main process only.
     Saves through an API that already writes once are fine: ``accelerator.save``, the distify
-    runtime's ``distify.save``, ``save_pretrained(..., is_main_process=...)``.
+    runtime's ``distify.save``, ``save_pretrained(..., is_main_process=...)``; so are saves into
+    memory (``torch.save(state, buffer)`` with ``buffer = io.BytesIO()``).
 
     The fix wraps the call in a guard in the file's own vocabulary (``if rank == 0:``,
     ``if master_process:``, ``if dist.get_rank() == 0:``, ``if accelerator.is_main_process:``,
@@ -25,6 +31,18 @@ class UnguardedSave(SideEffectRule):
     KIND = "save"
     MESSAGE = "`{name}` saves a checkpoint on every rank; save on the main process only"
 
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        self.buffers: set[str] = set()
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        if isinstance(node.value, ast.Call) and \
+                self.ctx.imports.ast_qualname(node.value.func) in MEMORY_FILES:
+            self.buffers.update(filter(None, map(ast_dotted_name, node.targets)))
+
+    def keep(self, node: ast.Call, entry: Entry) -> bool:
+        return not saves_into_memory(ast_shape(node, self.ctx.imports), self.buffers)
+
     VALID = (
         Valid("""
             import torch
@@ -32,6 +50,14 @@ class UnguardedSave(SideEffectRule):
 
             if dist.get_rank() == 0:
                 torch.save(model.state_dict(), "model.pt")
+        """),
+        Valid("""
+            import io
+            import torch
+            import torch.distributed as dist
+
+            buffer = io.BytesIO()
+            torch.save(model.state_dict(), buffer)
         """),
         Valid("""
             import torch
