@@ -11,6 +11,22 @@ to use the runtime's shared generator (the main process's, exactly the original 
 Draws that take no generator (``np.random.permutation``, ``random.shuffle``,
 ``train_test_split`` without ``random_state=``) are reported, in set-up code of files that seed
 nothing. What counts as such a draw is the ``random_splits`` rule category.
+
+Draws every process must make *differently*: the batches a script samples itself, and the noise
+of a training loop. Every rank runs the script's seed, so they would come out alike and N
+processes train on the same batches. Which draws these are is found over the whole module
+(:mod:`distify.analysis.draws_flow`); each then draws from a generator of its own process
+(exactly the original draw in a single process):
+
+- in a batch function (nanoGPT's ``get_batch``, called where the model trains or is evaluated):
+  ``torch.randint(n, (b,))`` → ``torch.randint(n, (b,), generator=rt.data_generator())``,
+  ``np.random.randint(...)`` → ``rt.numpy_random().randint(...)``, ``random.sample(...)`` →
+  ``rt.python_random().sample(...)``; the loop's note about a missing DataLoader goes away;
+- ``torch.randn/rand/randint/normal(...)`` in a training loop (a GAN's latent noise) likewise,
+  with the draw's ``device=`` passed on (``rt.data_generator(device)``: a CUDA draw needs a CUDA
+  generator); not the draws outside training loops (initialisation, ``fixed_noise``);
+- ``losses.mean()`` after an evaluation loop over such batches (nanoGPT's ``estimate_loss``)
+  → ``rt.reduce(losses.mean(), op="mean")``, so every process agrees on it (``best_val_loss``).
 """
 
 from __future__ import annotations
@@ -18,15 +34,34 @@ from __future__ import annotations
 import libcst as cst
 
 from distify.analysis.draws import how_to_seed, must_agree, seeds_itself
+from distify.analysis.draws_flow import DrawFlow, find_draw_flow
 from distify.convert.base import TransformerBase
 from distify.convert.syntax import _EQUAL, _code
 
 _SPACE = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
 
 
+_PER_PROCESS = ("batches drawn per process: each process draws its own random batches (world "
+                "size 1: the original draws)")
+
+
 class RandomnessMixin(TransformerBase):
+    def visit_Module(self, node: cst.Module) -> None:
+        super().visit_Module(node)
+        self._draw_flow = find_draw_flow(node, self.facts.imports)
+
+    def _fed_by_draws(self) -> bool:
+        """Is the backward being rewritten in a loop whose batches a batch function draws?"""
+        flow: DrawFlow | None = getattr(self, "_draw_flow", None)
+        return flow is not None and id(self._leaving) in flow.fed_backwards
+
     def _rewrite_random_draw(self, original: cst.Call, updated: cst.Call,
                              qual: str) -> cst.BaseExpression | None:
+        flow: DrawFlow | None = getattr(self, "_draw_flow", None)
+        if flow is not None and not any(a.star for a in original.args):
+            per_process = self._draw_per_process(flow, original, updated, qual)
+            if per_process is not None:
+                return per_process
         entry = self.rules.match("random_splits", qual)
         if entry is None or self._main_only_depth or any(a.star for a in original.args):
             return None
@@ -48,6 +83,50 @@ class RandomnessMixin(TransformerBase):
                        f"{how_to_seed(entry)}", human=True)
         return None
 
+    def _draw_per_process(self, flow: DrawFlow, original: cst.Call, updated: cst.Call,
+                          qual: str) -> cst.BaseExpression | None:
+        key = id(original)
+        if key in flow.eval_means:
+            if self._main_only_depth:
+                return None  # a collective on one process would wait forever
+            what = _code(original)
+            new = cst.Call(func=self._rt_attr("reduce"), args=[
+                cst.Arg(updated, comma=_SPACE),
+                cst.Arg(cst.SimpleString('"mean"'), keyword=cst.Name("op"), equal=_EQUAL)])
+            self._edit(new, "reduce", f"`{what}` averaged over all processes "
+                       f"(`{self.rt}.reduce(..., op=\"mean\")`): each estimates it from its own "
+                       "random batches, and all agree on it (a best loss, a checkpoint)")
+            return new
+        family = flow.batch_draws.get(key)
+        in_loop = key in flow.loop_draws
+        if family is None and not in_loop:
+            return None
+        name = qual.rsplit(".", 1)[-1]
+        if family in ("numpy", "python"):
+            func = original.func
+            if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Call):
+                return None  # `rt.numpy_random().randint(...)`: converted already
+            helper = "numpy_random" if family == "numpy" else "python_random"
+            new = updated.with_changes(func=cst.Attribute(value=self._rt_call(helper),
+                                                          attr=cst.Name(name)))
+            self._edit(new, "random-batches", f"{_PER_PROCESS}: `{_code(original.func)}` draws "
+                       f"from `{self.rt}.{helper}()`")
+            return new
+        device = next((a.value for a in updated.args if a.keyword
+                       and a.keyword.value == "device"), None)
+        generator = self._rt_call("data_generator",
+                                  *([device.deep_clone()] if device is not None else []))
+        new = self._with_generator(updated, generator)
+        if family is not None:
+            self._edit(new, "random-batches", f"{_PER_PROCESS}: `{name}` draws from "
+                       f"`{self.rt}.data_generator()`")
+        else:
+            self._edit(new, "random-noise", f"`{name}` in the training loop draws from "
+                       f"`{self.rt}.data_generator()`: each process draws its own (with the "
+                       "script's seed they would be alike on every process; world size 1: the "
+                       "original draws)")
+        return new
+
     def _shares_generator(self, call: cst.Call, name: str, keywords: set[str]) -> bool:
         if name != "randperm":
             return True
@@ -57,9 +136,13 @@ class RandomnessMixin(TransformerBase):
                 and must_agree(name, bool(call.args) and "len(" in _code(call.args[0].value)))
 
     def _with_shared_generator(self, call: cst.Call) -> cst.Call:
-        argument = cst.Arg(value=self._rt_call("shared_generator"),
-                           keyword=cst.Name("generator"), equal=_EQUAL)
+        return self._with_generator(call, self._rt_call("shared_generator"))
+
+    def _with_generator(self, call: cst.Call, generator: cst.BaseExpression) -> cst.Call:
+        argument = cst.Arg(value=generator, keyword=cst.Name("generator"), equal=_EQUAL)
         args = list(call.args)
+        if not args:
+            return call.with_changes(args=[argument])
         last = args[-1]
         if isinstance(last.comma, cst.Comma):  # a trailing comma: the new argument takes it
             before = args[-2].comma if len(args) > 1 else _SPACE

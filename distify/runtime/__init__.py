@@ -22,6 +22,7 @@ from ._collectives import (
     shared_generator,
     wait_for_everyone,
 )
+from ._draws import data_generator, numpy_random, python_random
 from ._errors import DistifyError, DistifyTypeError
 from ._files import open
 from ._io import load, on_main_process, print, save, set_seed
@@ -47,4 +48,5 @@ __all__ = [
     "local_rank", "local_world_size", "main_process_first", "mixed_precision", "on_main_process",
     "open", "prepare", "print", "rank", "reduce", "reduce_meters", "save", "set_seed",
     "shared_generator", "sync_gradients", "unwrap", "wait_for_everyone", "world_size",
+    "data_generator", "numpy_random", "python_random",
 ]

@@ -1,0 +1,112 @@
+"""Random draws each process makes for itself: the batches a script samples without a DataLoader
+(nanoGPT's ``torch.randint`` indices in ``get_batch``) and the noise drawn in a training loop (a
+GAN's latent vectors).
+
+A script that seeds itself runs the same seed on every rank, so such draws come out equal on all
+of them: N processes would train on the same batches, or the same noise. Converted scripts draw
+them from these instead:
+
+- ``torch.randint(..., generator=distify.data_generator(device))``;
+- ``distify.numpy_random().randint(...)`` for ``np.random.randint(...)``;
+- ``distify.python_random().sample(...)`` for ``random.sample(...)``.
+
+In a single process they are the original draws, bit for bit: ``data_generator`` returns None
+(torch then draws from its default generator, exactly as without ``generator=``),
+``numpy_random`` the ``numpy.random`` module and ``python_random`` the ``random`` module. With
+several processes each rank gets its own generator, seeded from the script's seed and the rank,
+so the global generators (which the model's initialisation uses) are never touched: weights stay
+equal on every rank, and DDP's first broadcast would make them so anyway.
+"""
+
+from __future__ import annotations
+
+import random as _random
+from typing import Any
+
+import torch
+
+from . import _state
+
+#: per device: (the torch seed it was derived from, the generator)
+_torch_generators: dict[torch.device, tuple[int, torch.Generator]] = {}
+_numpy_state: Any = None
+_python_state: _random.Random | None = None
+
+#: a large odd constant (the golden ratio's 64 bits) to spread the ranks' seeds apart
+_SPREAD = 0x9E3779B97F4A7C15
+
+
+def data_generator(device: Any = None) -> torch.Generator | None:
+    """The generator a random draw of this process's data passes as ``generator=``.
+
+    Args:
+        device: the draw's device (its ``device=``), None for the default device. A CUDA draw
+            needs a CUDA generator: each device gets its own, created on it.
+
+    Returns:
+        None in a single process (the draw then uses torch's default generator: exactly the
+        original draw). Otherwise a generator of this rank, seeded from ``torch.initial_seed()``
+        (the script's ``torch.manual_seed``) and the rank; it is seeded anew when the script
+        seeds torch again, as the original draws would restart.
+    """
+    if _state.world_size() == 1:
+        return None
+    place = _place(device)
+    seed = torch.initial_seed()
+    cached = _torch_generators.get(place)
+    if cached is None or cached[0] != seed:
+        generator = torch.Generator(device=place)
+        generator.manual_seed(_rank_seed(seed))
+        cached = _torch_generators[place] = (seed, generator)
+    return cached[1]
+
+
+def numpy_random() -> Any:
+    """What a converted ``np.random.<draw>(...)`` draws from.
+
+    Returns:
+        The ``numpy.random`` module itself in a single process (the original draw); otherwise a
+        ``numpy.random.RandomState`` of this rank, derived (once, on its first use) from the
+        global NumPy state at that moment (equal on every rank when the script seeds NumPy) and
+        the rank. NumPy is imported here, only by scripts that use it.
+    """
+    import numpy
+
+    if _state.world_size() == 1:
+        return numpy.random
+    global _numpy_state
+    if _numpy_state is None:
+        key = numpy.random.get_state()[1]  # the legacy generator's key; reading draws nothing
+        _numpy_state = numpy.random.RandomState([_state.rank() + 1, *(int(k) for k in key)])
+    return _numpy_state
+
+
+def python_random() -> Any:
+    """What a converted ``random.<draw>(...)`` draws from.
+
+    Returns:
+        The ``random`` module itself in a single process (the original draw); otherwise a
+        ``random.Random`` of this rank, derived (once, on its first use) from the global state
+        at that moment and the rank.
+    """
+    if _state.world_size() == 1:
+        return _random
+    global _python_state
+    if _python_state is None:
+        # a tuple of ints hashes the same in every process (PYTHONHASHSEED changes str only)
+        _python_state = _random.Random(hash((_random.getstate()[1], _state.rank())))
+    return _python_state
+
+
+def _rank_seed(seed: int) -> int:
+    return (seed + _SPREAD * (_state.rank() + 1)) % 2 ** 64
+
+
+def _place(device: Any) -> torch.device:
+    if device is None:
+        default = getattr(torch, "get_default_device", None)
+        device = default() if default is not None else "cpu"
+    place = torch.device(device)
+    if place.type == "cuda" and place.index is None:
+        place = torch.device("cuda", torch.cuda.current_device())
+    return place
