@@ -18,6 +18,7 @@ import libcst as cst
 from distify.analysis.effects import (
     HANDLE_KEYWORDS,
     cst_shape,
+    is_open_call,
     saves_into_memory,
     side_effect,
     writes_mode,
@@ -102,9 +103,16 @@ class SideEffectMixin(TransformerBase):
             entry = rules.match(category, qual)
             if entry is not None and entry.get("runtime"):
                 name = entry.get("runtime")
+                caveat = None
                 if name in ("save", "load"):
                     updated = self._file_argument_to_path(updated, name)
-                return self._retarget(updated, name, kind, f"{qual} → {self.rt}.{name}: {what}")
+                    caveat = self._through_file_object(updated, name)
+                if caveat is None:
+                    return self._retarget(updated, name, kind,
+                                          f"{qual} → {self.rt}.{name}: {what}")
+                new = self._retarget(updated, name, kind, f"{qual} → {self.rt}.{name}")
+                self._edit(new, "checkpoint", caveat, human=True)
+                return new
         return None
 
     def _rewrite_timestamp_method(self, original: cst.Call,
@@ -136,6 +144,21 @@ class SideEffectMixin(TransformerBase):
                                        or handle.call in _OPENS):
                 return None
         return entry.get("kind")
+
+    def _through_file_object(self, call: cst.Call, name: str) -> str | None:
+        """What a save or load through a file object (not a path) still guarantees, when it is
+        less than by path: the report must not claim atomic or waited-for where it is not."""
+        value = cst_shape(call, self.facts.imports).argument(1 if name == "save" else 0,
+                                                             ("f",))
+        if value is None or value.call in (None, f"{self.rt}.open", *_OPENS) \
+                or not is_open_call(self.rules, value.call):
+            return None  # a path, or a file distify.open opens: atomic and waited for
+
+        return (f"through a file object ({value.call}(...)), which every process opens (and "
+                "truncates): only the main process writes it, not atomically, and the others do "
+                "not wait for it; save by path" if name == "save" else
+                f"through a file object ({value.call}(...)): onto this process's device, "
+                "without waiting for a save of it")
 
     def _into_memory(self, call: cst.Call) -> bool:
         """Does this save write into an ``io.BytesIO`` built in this scope?"""
