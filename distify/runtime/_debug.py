@@ -18,9 +18,13 @@ a :class:`DistifyError` on every rank:
   numbers travels with the backward's fingerprint, and when the digests differ the numbers
   themselves are exchanged to name the first parameter that differs from rank 0's.
 
-What it deliberately does not do: fingerprint the user's own ``torch.distributed`` calls, or
-DDP's buffer broadcast in each forward (that would cost a collective per forward); compare
-buffers (BatchNorm statistics may differ per rank); or anything in a single process.
+The runtime's own per-forward and per-batch collectives are fingerprinted too: the broadcast
+of the main process's buffers after each training forward (``_buffers``), and a prepared
+loader's order chunks, iterable-stream digest and end-of-stream flag (``_data``, ``_stream``).
+
+What it deliberately does not do: fingerprint the user's own ``torch.distributed`` calls;
+compare buffers (the broadcast makes them equal between steps; a checksum of them would cost
+another collective); or anything in a single process.
 """
 
 from __future__ import annotations
