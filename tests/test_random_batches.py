@@ -187,3 +187,61 @@ def test_two_processes_draw_their_own_noise_and_keep_the_fixed_noise(runs) -> No
     assert all(a != b for a, b in zip(*noise))
     fixed = list(_draws(proc.stderr, "FIXED").values())  # drawn before the loop: alike
     assert len(fixed) == 2 and fixed[0] == fixed[1]
+
+
+# ------------------------------------------------------------------ the runtime's generators
+
+
+def _as_rank(monkeypatch, rank: int, world_size: int = 2):
+    from distify.runtime import _draws
+
+    monkeypatch.setattr(_draws._state, "world_size", lambda: world_size)
+    monkeypatch.setattr(_draws._state, "rank", lambda: rank)
+    monkeypatch.setattr(_draws, "_torch_generators", {})
+    monkeypatch.setattr(_draws, "_numpy_state", None)
+    monkeypatch.setattr(_draws, "_python_state", None)
+    return _draws
+
+
+def test_one_process_draws_from_the_global_generators() -> None:
+    import random
+
+    import distify.runtime as distify
+
+    assert distify.data_generator() is None and distify.data_generator("cpu") is None
+    assert distify.python_random() is random
+    np = pytest.importorskip("numpy")
+    assert distify.numpy_random() is np.random
+
+
+def test_each_rank_draws_its_own_and_leaves_the_global_generators_alone(monkeypatch) -> None:
+    import random
+
+    np = pytest.importorskip("numpy")
+    drawn = {}
+    for rank in (0, 1):
+        draws = _as_rank(monkeypatch, rank)
+        torch.manual_seed(3)
+        random.seed(3)
+        np.random.seed(3)
+        generator = draws.data_generator()
+        assert draws.data_generator("cpu") is generator  # one per device, kept
+        drawn[rank] = (torch.randint(1000, (8,), generator=generator).tolist(),
+                       draws.numpy_random().randint(1000, size=8).tolist(),
+                       draws.python_random().sample(range(1000), 8))
+        # the global generators did not move: the model's initialisation stays alike
+        torch.manual_seed(3)
+        before = torch.rand(2)
+        torch.manual_seed(3)
+        draws.data_generator()
+        torch.randint(1000, (8,), generator=draws.data_generator())
+        assert torch.equal(torch.rand(2), before)
+        # seeding torch with another seed starts this rank's draws anew, as the original's
+        torch.manual_seed(4)
+        assert torch.randint(1000, (8,), generator=draws.data_generator()).tolist() \
+            != drawn[rank][0]
+        torch.manual_seed(3)
+        assert torch.randint(1000, (8,), generator=draws.data_generator()).tolist() \
+            == drawn[rank][0]
+    for a, b in zip(drawn[0], drawn[1]):
+        assert a != b

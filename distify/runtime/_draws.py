@@ -47,7 +47,7 @@ def data_generator(device: Any = None) -> torch.Generator | None:
         None in a single process (the draw then uses torch's default generator: exactly the
         original draw). Otherwise a generator of this rank, seeded from ``torch.initial_seed()``
         (the script's ``torch.manual_seed``) and the rank; it is seeded anew when the script
-        seeds torch again, as the original draws would restart.
+        seeds torch with another seed (not when it seeds it again with the same one).
     """
     if _state.world_size() == 1:
         return None
