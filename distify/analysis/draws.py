@@ -1,4 +1,6 @@
-"""Random draws every process must make alike (the ``random_splits`` rule category).
+"""Random draws: those every process must make alike (the ``random_splits`` rule category), and
+those that pick batches or noise, which each process must make on its own (found by
+:mod:`.draws_flow`, after the cheap test :func:`may_draw_batches`).
 
 Shared by ``distify convert``, which rewrites or reports them, and ``distify check`` (DST304),
 which reports them; each side looks at its own syntax tree and asks the same questions here.
@@ -6,7 +8,20 @@ which reports them; each side looks at its own syntax tree and asks the same que
 
 from __future__ import annotations
 
+import ast
+
+from distify.analysis.names import ImportMap
 from distify.rules import Entry
+
+#: torch draws that take ``generator=``: in a batch function, and in a training loop
+TORCH_BATCH_DRAWS = frozenset({"torch.randint", "torch.randperm", "torch.rand", "torch.randn",
+                               "torch.multinomial", "torch.normal"})
+TORCH_LOOP_DRAWS = frozenset({"torch.randn", "torch.rand", "torch.randint", "torch.normal"})
+#: the methods of ``numpy.random.RandomState`` and ``random.Random`` a batch function may call
+NUMPY_DRAWS = frozenset({"randint", "rand", "randn", "random", "random_sample", "choice",
+                         "permutation", "shuffle", "normal", "uniform"})
+PYTHON_DRAWS = frozenset({"sample", "choice", "choices", "randint", "randrange", "random",
+                          "shuffle", "uniform", "gauss"})
 
 
 def seeds_itself(entry: Entry, keywords: set[str], positional: int) -> bool:
@@ -31,3 +46,62 @@ def how_to_seed(entry: Entry) -> str:
     if seed_arg:
         return f"pass {seed_arg}=<a fixed number>"
     return "seed every process with the same number first"
+
+
+def draw_family(qual: str | None) -> str | None:
+    """``"torch"``, ``"numpy"`` or ``"python"`` for a draw a batch function may make, else None."""
+    if qual in TORCH_BATCH_DRAWS:
+        return "torch"
+    if qual is None:
+        return None
+    module, _, name = qual.rpartition(".")
+    if module == "numpy.random" and name in NUMPY_DRAWS:
+        return "numpy"
+    if module == "random" and name in PYTHON_DRAWS:
+        return "python"
+    return None
+
+
+def may_draw_batches(tree: ast.Module, imports: ImportMap) -> bool:
+    """A cheap test on the stdlib ``ast`` tree, before the LibCST pass of
+    :func:`~.draws_flow.find_draw_flow` (which costs most of a conversion's analysis): False when
+    no loop calls a function that draws (directly or through other functions of the file) and no
+    loop with a ``backward`` draws itself, so that pass could find nothing. True is only a maybe.
+    One walk of the tree."""
+    calls_of: dict[str | None, set[str | None]] = {}
+    drawing: set[str | None] = set()
+    loops: list[list] = []  # per loop: [names it calls, draws itself, has a backward]
+    stack: list[tuple[ast.AST, str | None, tuple[int, ...]]] = [(tree, None, ())]
+    while stack:
+        node, function, inside = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            function, inside = node.name, ()
+        elif isinstance(node, (ast.For, ast.AsyncFor, ast.While)):
+            loops.append([set(), False, False])
+            inside = (*inside, len(loops) - 1)
+        elif isinstance(node, ast.Call):
+            name = _last_name(node.func)
+            calls_of.setdefault(function, set()).add(name)
+            qual = imports.ast_qualname(node.func)
+            family = draw_family(qual)
+            if family is not None:
+                drawing.add(function)
+            for index in inside:
+                loop = loops[index]
+                loop[0].add(name)
+                loop[2] = loop[2] or name == "backward"
+                loop[1] = loop[1] or qual in TORCH_LOOP_DRAWS
+        stack.extend((child, function, inside) for child in ast.iter_child_nodes(node))
+    drawing.discard(None)
+    changed = bool(drawing)
+    while changed:  # a function calling a drawing function draws too
+        grown = {name for name, called in calls_of.items() if called & drawing} - {None}
+        changed = not grown <= drawing
+        drawing |= grown
+    return any(called & drawing or (draws and backward) for called, draws, backward in loops)
+
+
+def _last_name(func: ast.expr) -> str | None:
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    return func.id if isinstance(func, ast.Name) else None

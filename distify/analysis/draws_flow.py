@@ -28,33 +28,11 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from distify.analysis.draws import TORCH_LOOP_DRAWS, draw_family
 from distify.analysis.names import ImportMap, dotted_name
 
-#: torch draws that take ``generator=``: in a batch function, and in a training loop
-TORCH_BATCH_DRAWS = frozenset({"torch.randint", "torch.randperm", "torch.rand", "torch.randn",
-                               "torch.multinomial", "torch.normal"})
-TORCH_LOOP_DRAWS = frozenset({"torch.randn", "torch.rand", "torch.randint", "torch.normal"})
-#: the methods of ``numpy.random.RandomState`` and ``random.Random`` a batch function may call
-NUMPY_DRAWS = frozenset({"randint", "rand", "randn", "random", "random_sample", "choice",
-                         "permutation", "shuffle", "normal", "uniform"})
-PYTHON_DRAWS = frozenset({"sample", "choice", "choices", "randint", "randrange", "random",
-                          "shuffle", "uniform", "gauss"})
 #: the runtime helpers a converted draw goes through (so a second conversion sees it)
 _CONVERTED = {"numpy_random": "numpy", "python_random": "python"}
-
-
-def draw_family(qual: str | None) -> str | None:
-    """``"torch"``, ``"numpy"`` or ``"python"`` for a draw a batch function may make, else None."""
-    if qual in TORCH_BATCH_DRAWS:
-        return "torch"
-    if qual is None:
-        return None
-    module, _, name = qual.rpartition(".")
-    if module == "numpy.random" and name in NUMPY_DRAWS:
-        return "numpy"
-    if module == "random" and name in PYTHON_DRAWS:
-        return "python"
-    return None
 
 
 @dataclass

@@ -12,12 +12,17 @@ import warnings
 from dataclasses import dataclass, field
 
 from distify.analysis import parallelism
+from distify.analysis.draws import may_draw_batches
 from distify.analysis.effects import writes_mode
 from distify.analysis.names import ImportMap
 from distify.analysis.parallelism import Parallelism
 from distify.analysis.training import Training, analyse, collect
 from distify.errors import UserError
 from distify.rules import RuleSet
+
+#: every draw :func:`may_draw_batches` looks for contains one of these
+_DRAW_WORDS = (b"rand", b"normal", b"multinomial", b"choice", b"shuffle", b"sample", b"gauss",
+               b"uniform", b"permutation")
 
 
 @dataclass
@@ -39,6 +44,8 @@ class FileFacts:
     seeds: bool = False
     #: the paths it opens for writing with the builtin ``open`` (as ``ast.unparse`` spells them)
     written_paths: set[str] = field(default_factory=set)
+    #: a loop may draw its own batches or noise (see :func:`~.draws_flow.may_draw_batches`)
+    may_draw_batches: bool = False
     #: what its optimizers and backward passes train (see :mod:`distify.analysis.training`)
     training: Training = field(default_factory=Training)
 
@@ -131,6 +138,8 @@ def gather_facts(tree: ast.Module, source: bytes, rules: RuleSet) -> FileFacts:
                               source.decode("utf-8", errors="replace").splitlines()), default=0)
     if collected is not None:
         facts.training = analyse(collected, facts.model_classes)
+        facts.may_draw_batches = any(word in source for word in _DRAW_WORDS) \
+            and may_draw_batches(tree, facts.imports)
     facts.builds_loaders = any(name.rsplit(".", 1)[-1].encode() in source
                                for name in rules.names("dataloaders"))
     return facts

@@ -48,7 +48,8 @@ _PER_PROCESS = ("batches drawn per process: each process draws its own random ba
 class RandomnessMixin(TransformerBase):
     def visit_Module(self, node: cst.Module) -> None:
         super().visit_Module(node)
-        self._draw_flow = find_draw_flow(node, self.facts.imports)
+        self._draw_flow = (find_draw_flow(node, self.facts.imports)
+                           if self.facts.may_draw_batches else None)
 
     def _fed_by_draws(self) -> bool:
         """Is the backward being rewritten in a loop whose batches a batch function draws?"""

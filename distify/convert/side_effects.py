@@ -187,7 +187,8 @@ class SideEffectMixin(TransformerBase):
                     if "a" in text or "+" in text else
                     "written by the main process only, atomically (the others write into "
                     "nothing); a later read of it waits until it is complete")
-        elif _normalised(original.args[0].value) in self.facts.written_paths:
+        elif self.facts.written_paths and \
+                _normalised(original.args[0].value) in self.facts.written_paths:
             what = "read once the main process has finished writing it"
         else:
             return None
