@@ -6,8 +6,8 @@ import ast
 
 import pytest
 
-from distify.lint.engine import _collect
 from distify.analysis.guards import ALL, MAIN, NOT_MAIN, SOME, GuardFacts
+from distify.lint.engine import _collect
 from distify.lint.matcher import Matcher
 from distify.rules import default_rules
 
