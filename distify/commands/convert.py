@@ -74,9 +74,10 @@ def convert(path: Path, output: Path | None, show_diff: bool, check_only: bool, 
     """Rewrite PATH (a training script, or a project folder) to run distributed.
 
     The model, optimizer, LR scheduler and DataLoaders are prepared, loss.backward() goes through
-    the runtime, prints and saves happen on the main process only, evaluation sums are reduced
-    across processes. A report lists every change with its line, every place that needs a human
-    look, and how to launch the result. The conversion is static: your script is never run.
+    the runtime, prints, saves and result files happen on the main process only, and metrics
+    (sums, prediction lists, meters) are combined across processes. A report lists every change
+    with its line, every place that needs a human look, and how to launch the result. The
+    conversion is static: your script is never run.
     """
     modes = sum(bool(m) for m in (show_diff, check_only, in_place))
     if modes > 1 or (output is not None and (show_diff or check_only or in_place)):
