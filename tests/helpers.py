@@ -19,6 +19,18 @@ REPLICAS = REPO / "tests" / "replicas"
 REPLICAS_ENV = "DISTIFY_TEST_REPLICAS"
 
 
+def simulated_rank(rank: int, world_size: int = 2):
+    """A runtime state (``distify.runtime._state.Runtime``) for this process as ``rank`` of a
+    ``world_size`` job on the CPU, with no process group: for tests of what a rank computes on
+    its own (patch it in as ``_state._RUNTIME``; nothing may communicate)."""
+    import torch
+
+    from distify.runtime import _state
+
+    return _state.Runtime(_state.Settings(rank, rank, world_size, world_size,
+                                          torch.device("cpu"), "no", False))
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

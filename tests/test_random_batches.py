@@ -31,6 +31,7 @@ from tests.helpers import (  # noqa: E402
     result_line,
     run_python,
     run_torchrun,
+    simulated_rank,
 )
 
 HERE = FIXTURES / "random_batches"
@@ -193,13 +194,9 @@ def test_two_processes_draw_their_own_noise_and_keep_the_fixed_noise(runs) -> No
 
 
 def _as_rank(monkeypatch, rank: int, world_size: int = 2):
-    from distify.runtime import _draws
+    from distify.runtime import _draws, _state
 
-    monkeypatch.setattr(_draws._state, "world_size", lambda: world_size)
-    monkeypatch.setattr(_draws._state, "rank", lambda: rank)
-    monkeypatch.setattr(_draws, "_torch_generators", {})
-    monkeypatch.setattr(_draws, "_numpy_state", None)
-    monkeypatch.setattr(_draws, "_python_state", None)
+    monkeypatch.setattr(_state, "_RUNTIME", simulated_rank(rank, world_size))
     return _draws
 
 

@@ -20,7 +20,7 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSa
 
 import distify.runtime as distify
 from distify.runtime import _data, _state
-from tests.helpers import FIXTURES, clean_env, run_python, run_torchrun
+from tests.helpers import FIXTURES, clean_env, run_python, run_torchrun, simulated_rank
 
 SCRIPT = FIXTURES / "streams" / "draw.py"
 
@@ -54,7 +54,7 @@ def one_shot_plan(units, rank, world, batch, drop_last, train):
 def sharding(monkeypatch):
     """Plans as rank r of a job would compute them, in this process (the order is this rank's
     own draw: the same seed on every rank stands in for the broadcast)."""
-    monkeypatch.setattr(_state, "_STATE", None)
+    monkeypatch.setattr(_state, "_RUNTIME", _state.Runtime())
     monkeypatch.setattr(_data, "_broadcast_from_main", lambda units: units)
 
     def plan(loader, rank, world, train, chunk):
@@ -148,8 +148,7 @@ class Sized(Numbers):
 
 
 def test_an_iterable_loader_has_a_length_only_when_its_dataset_has_one(monkeypatch):
-    monkeypatch.setattr(_state, "_STATE", _state.State(1, 1, 2, 2, torch.device("cpu"), "no",
-                                                       False))
+    monkeypatch.setattr(_state, "_RUNTIME", simulated_rank(1))
     with pytest.raises(TypeError):
         len(distify.prepare(DataLoader(Numbers(10), batch_size=2)))
     assert len(distify.prepare(DataLoader(Sized(11), batch_size=2))) == 3  # 6 samples on rank 0
@@ -160,8 +159,7 @@ def test_an_iterable_loader_has_a_length_only_when_its_dataset_has_one(monkeypat
 
 def test_the_sharded_stream_reads_and_sets_the_users_dataset(monkeypatch):
     """A worker_init_fn configures ``get_worker_info().dataset``: the sharded stream's."""
-    monkeypatch.setattr(_state, "_STATE", _state.State(1, 1, 2, 2, torch.device("cpu"), "no",
-                                                       False))
+    monkeypatch.setattr(_state, "_RUNTIME", simulated_rank(1))
     dataset = Numbers(10)
     stream = distify.prepare(DataLoader(dataset, batch_size=2))._loader.dataset
     assert stream.count == 10

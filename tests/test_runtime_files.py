@@ -7,11 +7,11 @@ import json
 import pickle
 
 import pytest
-import torch
 
 import distify.runtime as distify
 from distify.runtime import _io, _state
 from tests import test_runtime_unit
+from tests.helpers import simulated_rank
 
 fresh = test_runtime_unit.fresh  # a runtime not initialised yet, no launcher in the environment
 pytestmark = pytest.mark.usefixtures("fresh")
@@ -19,11 +19,8 @@ pytestmark = pytest.mark.usefixtures("fresh")
 
 def _as_rank(monkeypatch, rank: int) -> None:
     """This process as ``rank`` of 2 (no process group: nothing here may communicate)."""
-    monkeypatch.setattr(_state, "_STATE", _state.State(rank, rank, 2, 2, torch.device("cpu"),
-                                                       "no", False))
+    monkeypatch.setattr(_state, "_RUNTIME", simulated_rank(rank))
     monkeypatch.setattr(_state, "shared_store", lambda: None)
-    monkeypatch.setattr(_io, "_saves", {})
-    monkeypatch.setattr(_io, "_saves_seen", {})
 
 
 def test_a_write_is_atomic_and_leaves_nothing_behind(tmp_path) -> None:

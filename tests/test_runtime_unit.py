@@ -16,8 +16,8 @@ from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, TensorDataset
 
 import distify.runtime as distify
-from distify.runtime import _data, _precision, _state, _tree
-from tests.helpers import REPO, clean_env
+from distify.runtime import _data, _state, _tree
+from tests.helpers import REPO, clean_env, simulated_rank
 
 LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                       "MASTER_PORT")
@@ -29,8 +29,7 @@ def fresh(monkeypatch):
     for name in list(os.environ):
         if name in LAUNCHER_VARIABLES or name.startswith(("DISTIFY_", "ACCELERATE_")):
             monkeypatch.delenv(name)
-    monkeypatch.setattr(_state, "_STATE", None)
-    monkeypatch.setattr(_precision, "_scaler", None)
+    monkeypatch.setattr(_state, "_RUNTIME", _state.Runtime())
     return monkeypatch
 
 
@@ -77,7 +76,7 @@ def test_mixed_precision_precedence(fresh):
     fresh.setenv("ACCELERATE_MIXED_PRECISION", "fp16")
     fresh.setenv("DISTIFY_MIXED_PRECISION", "bf16")
     assert distify.mixed_precision() == "bf16"
-    fresh.setattr(_state, "_STATE", None)
+    fresh.setattr(_state, "_RUNTIME", _state.Runtime())
     distify.init(mixed_precision="no")
     assert distify.mixed_precision() == "no"
     with pytest.raises(distify.DistifyError, match="before any other distify call"):
@@ -190,7 +189,7 @@ def test_an_iterable_dataset_is_sharded_by_stream_position(fresh):
         def __iter__(self):
             return iter(range(4))
 
-    fresh.setattr(_state, "_STATE", _state.State(1, 1, 2, 2, torch.device("cpu"), "no", False))
+    fresh.setattr(_state, "_RUNTIME", simulated_rank(1))
     prepared = distify.prepare(DataLoader(Stream(), batch_size=None))
     assert isinstance(prepared, _data.PreparedDataLoader)
     assert isinstance(prepared._loader.dataset, _data._RankStream)
@@ -200,7 +199,7 @@ def test_an_iterable_dataset_is_sharded_by_stream_position(fresh):
 
 
 def test_sharded_loader_keeps_the_loader_settings(fresh):
-    fresh.setattr(_state, "_STATE", _state.State(1, 1, 2, 2, torch.device("cpu"), "no", False))
+    fresh.setattr(_state, "_RUNTIME", simulated_rank(1))
     dataset = TensorDataset(torch.arange(50))
     original = DataLoader(dataset, batch_size=4, shuffle=True, num_workers=2, drop_last=True,
                           collate_fn=list, worker_init_fn=print, timeout=5, prefetch_factor=3,

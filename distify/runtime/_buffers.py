@@ -66,7 +66,7 @@ class BufferSync:
         with torch.no_grad():
             flats = [_flatten_dense_tensors(by_dtype[dtype]) for dtype in dtypes]
             packed = torch.cat([flat.view(torch.uint8) for flat in flats])
-            if _state.state().debug:
+            if _state.settings().debug:
                 count = sum(len(buffers) for buffers in by_dtype.values())
                 _debug.check(f"broadcast_buffers({self.class_name}, {count} tensors, "
                              f"{packed.numel()} bytes)")

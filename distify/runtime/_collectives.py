@@ -38,7 +38,7 @@ def reduce(value: Any, op: str = "sum") -> Any:
                                f"{type(value).__name__}")
     if _state.world_size() == 1:
         return value
-    if _state.state().debug:
+    if _state.settings().debug:
         _debug.check(f"reduce({op}, {_debug.describe(value)})")
     if number:
         return _reduce_number(value, op)
@@ -95,7 +95,7 @@ def reduce_meters(*meters: Any) -> None:
             fields.append(value)
     if _state.world_size() == 1 or not meters:
         return
-    if _state.state().debug:
+    if _state.settings().debug:
         _debug.check(f"reduce_meters({len(meters)})")
     totals = _reduce_tensor(torch.tensor(fields, dtype=torch.float64), "sum").tolist()
     for index, meter in enumerate(meters):
@@ -125,9 +125,9 @@ def broadcast_object(obj: Any) -> Any:
     """
     if _state.world_size() == 1:
         return obj
-    if _state.state().debug:
+    if _state.settings().debug:
         _debug.check("broadcast_object")
-    return _objects.broadcast_object(obj, 0, _comm_device())
+    return _objects.broadcast_object(obj, 0, _state.comm_device())
 
 
 def shared_generator() -> torch.Generator:
@@ -145,14 +145,14 @@ def shared_generator() -> torch.Generator:
     Returns:
         The generator to pass as ``generator=``.
     """
-    global _shared_draws
     if _state.world_size() == 1:
         return torch.default_generator
-    _shared_draws += 1
+    draws = _state.current().part(_SharedDraws)
+    draws.count += 1
     store = _state.shared_store()
     main = _state.is_main_process()
-    debug = _state.state().debug
-    key = f"generator/{_shared_draws}"
+    debug = _state.settings().debug
+    key = f"generator/{draws.count}"
     if store is None:  # no store to go through: all ranks meet here instead
         state = broadcast_object(torch.default_generator.get_state())
     elif main:
@@ -164,7 +164,7 @@ def shared_generator() -> torch.Generator:
         raw = store.get(key)
         state = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
         if debug:
-            _debug.check_same_draw(_shared_draws, store.get(f"{key}/site").decode())
+            _debug.check_same_draw(draws.count, store.get(f"{key}/site").decode())
     if main:
         return torch.default_generator
     generator = torch.Generator()
@@ -172,9 +172,12 @@ def shared_generator() -> torch.Generator:
     return generator
 
 
-#: how many times this process called shared_generator (its draws are numbered alike on
-#: every rank)
-_shared_draws = 0
+class _SharedDraws:
+    """The runtime's part (see ``_state.Runtime``): how many times this process called
+    shared_generator (its draws are numbered alike on every rank)."""
+
+    def __init__(self) -> None:
+        self.count = 0
 
 
 def wait_for_everyone() -> None:
@@ -185,11 +188,11 @@ def wait_for_everyone() -> None:
 def _barrier(name: str) -> None:
     if _state.world_size() == 1:
         return
-    state = _state.state()
-    if state.debug:
+    settings = _state.settings()
+    if settings.debug:
         _debug.check(name)
-    if state.device.type == "cuda":
-        dist.barrier(device_ids=[state.device.index])
+    if settings.device.type == "cuda":
+        dist.barrier(device_ids=[settings.device.index])
     else:
         dist.barrier()
 
@@ -220,11 +223,6 @@ def _first(leader: bool, name: str) -> Iterator[None]:
             _barrier(name)
 
 
-def _comm_device() -> torch.device:
-    # NCCL only moves GPU tensors; Gloo works on CPU tensors.
-    return _state.device() if dist.get_backend() == "nccl" else torch.device("cpu")
-
-
 def _reduce_number(value: Any, op: str) -> Any:
     dtype = torch.float64 if isinstance(value, float) else torch.int64
     result = _reduce_tensor(torch.tensor(value, dtype=dtype), op).item()
@@ -232,7 +230,7 @@ def _reduce_number(value: Any, op: str) -> Any:
 
 
 def _reduce_tensor(tensor: torch.Tensor, op: str) -> torch.Tensor:
-    work = tensor.detach().to(_comm_device(), copy=True)
+    work = tensor.detach().to(_state.comm_device(), copy=True)
     dist.all_reduce(work, op={"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM,
                               "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op])
     if op == "mean":
@@ -243,7 +241,7 @@ def _reduce_tensor(tensor: torch.Tensor, op: str) -> torch.Tensor:
 def _gather(value: Any, drop: int, name: str) -> Any:
     if _state.world_size() == 1:
         return value
-    if _state.state().debug:
+    if _state.settings().debug:
         _debug.check(f"{name}({_debug.describe(value, any_length=True)})")
     if isinstance(value, list) and not tensors_in(value):
         return _gather_objects(value, drop)
@@ -258,7 +256,7 @@ def _is_ndarray(value: Any) -> bool:
 
 
 def _gather_tensor(tensor: torch.Tensor, drop: int) -> torch.Tensor:
-    local = tensor.detach().to(_comm_device())
+    local = tensor.detach().to(_state.comm_device())
     if local.dim() == 0:
         local, drop = local.reshape(1), 0  # a scalar is not a per-sample value
     meta = torch.tensor([local.shape[0], min(drop, local.shape[0]), *local.shape[1:]],
@@ -280,6 +278,6 @@ def _gather_tensor(tensor: torch.Tensor, drop: int) -> torch.Tensor:
 
 
 def _gather_objects(items: list, drop: int) -> list:
-    everyone = _objects.all_gather_object((items, min(drop, len(items))), _comm_device())
+    everyone = _objects.all_gather_object((items, min(drop, len(items))), _state.comm_device())
     return [item for rank_items, dropped in everyone
             for item in rank_items[: len(rank_items) - dropped]]

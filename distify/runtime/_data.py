@@ -62,12 +62,19 @@ _SHARD_FALSE = ("if the dataset already splits its stream by rank (distify.rank(
                 "torch.distributed.get_rank()), prepare it with distify.prepare(loader, "
                 "shard=False)")
 _END = object()
-_padding = 0  # repeated samples at the end of the batch last yielded by a prepared loader
+
+
+class _Padding:
+    """The runtime's part (see ``_state.Runtime``): repeated samples at the end of the batch
+    last yielded by a prepared loader."""
+
+    def __init__(self) -> None:
+        self.repeated = 0
 
 
 def current_padding() -> int:
     """How many samples at the end of the current batch are TRAIN-mode padding repeats."""
-    return _padding
+    return _state.current().part(_Padding).repeated
 
 
 class PreparedDataLoader:
@@ -87,14 +94,14 @@ class PreparedDataLoader:
         self._device = device
 
     def __iter__(self) -> Iterator[Any]:
-        global _padding
         batches = self._stream_batches() if self._stream is not None else self._batches()
+        padding = _state.current().part(_Padding)
         try:
             for batch, repeated in batches:
-                _padding = repeated
+                padding.repeated = repeated
                 yield batch if self._device is None else map_tensors(batch, self._move)
         finally:
-            _padding = 0
+            padding.repeated = 0
 
     def __len__(self) -> int:
         return len(self._loader)
@@ -226,9 +233,9 @@ class _ShardSampler(Sampler):
 
 
 def _broadcast_from_main(units: list[Any]) -> list[Any]:
-    if _state.state().debug:
+    if _state.settings().debug:
         _debug.check("DataLoader epoch (the main process's shuffled order)")
-    return _objects.broadcast_object(units if _state.rank() == 0 else None, 0, _comm_device())
+    return _objects.broadcast_object(units if _state.rank() == 0 else None, 0, _state.comm_device())
 
 
 class _RankStream(IterableDataset):
@@ -308,10 +315,10 @@ def _digest(sample: Any) -> int | None:
 
 def _compare_first_samples(digest: int | None) -> None:
     """Warn (on the main process) when the ranks' streams start with different samples."""
-    if _state.state().debug:
+    if _state.settings().debug:
         _debug.check("DataLoader epoch (the first sample of the IterableDataset stream)")
     mine = torch.tensor([-1 if digest is None else digest], dtype=torch.int64,
-                        device=_comm_device())
+                        device=_state.comm_device())
     everyone = [torch.empty_like(mine) for _ in range(_state.world_size())]
     dist.all_gather(everyone, mine)
     digests = {int(d.item()) for d in everyone} - {-1}
@@ -323,16 +330,11 @@ def _compare_first_samples(digest: int | None) -> None:
 
 
 def _every_rank_has(has_batch: bool) -> bool:
-    if _state.state().debug:
+    if _state.settings().debug:
         _debug.check("DataLoader batch (whether every rank has one)")
-    flag = torch.tensor([int(has_batch)], dtype=torch.int64, device=_comm_device())
+    flag = torch.tensor([int(has_batch)], dtype=torch.int64, device=_state.comm_device())
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
     return bool(flag.item())
-
-
-def _comm_device() -> torch.device:
-    # NCCL only moves GPU tensors; Gloo works on CPU tensors.
-    return _state.device() if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
 def _keep(item: Any) -> Any:

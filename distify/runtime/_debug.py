@@ -48,10 +48,20 @@ _SAME_ORDER = ("every rank must reach the same distify calls in the same order: 
                "under a rank-dependent `if`, or in loops of unequal length")
 _BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
-#: distify.backward calls made so far (the same count on every rank while calls match)
-_backwards = 0
-#: the last backward call at which the weights were compared and equal
-_last_equal = 0
+
+
+class _Counts:
+    """The runtime's part (see ``_state.Runtime``) about backward calls in debug mode."""
+
+    def __init__(self) -> None:
+        #: distify.backward calls made so far (the same count on every rank while calls match)
+        self.backwards = 0
+        #: the last backward call at which the weights were compared and equal
+        self.last_equal = 0
+
+
+def _counts() -> _Counts:
+    return _state.current().part(_Counts)
 
 
 def check(op: str) -> None:
@@ -76,15 +86,15 @@ def before_backward(op: str, modules: list[Any]) -> None:
     Raises:
         DistifyError: the calls do not match, or a parameter differs from rank 0's.
     """
-    global _backwards, _last_equal
-    _backwards += 1
-    compare = _backwards == 1 or _backwards % _state.state().debug_every == 0
+    counts = _counts()
+    counts.backwards += 1
+    compare = counts.backwards == 1 or counts.backwards % _state.settings().debug_every == 0
     sums = [_checksums(m) for m in modules] if compare else None
     differ = _exchange(op, sums=sums)
     if differ is not None:
         _compare_weights(differ, modules, call_site())
     if compare:
-        _last_equal = _backwards
+        counts.last_equal = counts.backwards
 
 
 def check_same_draw(number: int, main_site: str) -> None:
@@ -153,26 +163,22 @@ def _exchange(op: str, site: str | None = None,
     flat = [value for module in sums for value in module] if sums is not None else None
     mine = torch.tensor([_digest(op.encode()), -1 if flat is None else len(flat),
                          0 if flat is None else _digest(repr(sums).encode())],
-                        dtype=torch.int64, device=_device())
+                        dtype=torch.int64, device=_state.comm_device())
     gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(gathered, mine)
     rows = torch.stack(gathered).tolist()
     if any(row[0] != rows[0][0] for row in rows):
-        everyone = _objects.all_gather_object((op, site or call_site()), _device())
+        everyone = _objects.all_gather_object((op, site or call_site()),
+                                              _state.comm_device())
         raise DistifyError(_mismatch(everyone))
     if all(row == rows[0] for row in rows):
         return None
-    return _objects.all_gather_object(sums, _device())
+    return _objects.all_gather_object(sums, _state.comm_device())
 
 
 def _digest(data: bytes) -> int:
     """A hash that is the same in every process (``hash()`` of a str is salted per process)."""
     return int.from_bytes(hashlib.blake2b(data, digest_size=7).digest(), "little")
-
-
-def _device() -> torch.device:
-    # NCCL only moves GPU tensors; Gloo works on CPU tensors.
-    return _state.device() if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
 def _mismatch(everyone: list[Any]) -> str:
@@ -202,8 +208,9 @@ def _shown(path: str) -> str:
 
 
 def _checksums(module: Any) -> list[int]:
-    """One int64 per parameter: the sum of its bytes read as integers (bit-exact)."""
-    if not module.parameters:
+    """One int64 per parameter: the sum of its bytes read as integers (bit-exact); nothing for
+    a module whose ranks hold different shards (FSDP)."""
+    if not module.parameters or not module.replicated:
         return []
     with torch.no_grad():
         sums = [_bits(param).sum(dtype=torch.int64) for _, param in module.parameters]
@@ -236,9 +243,10 @@ def _compare_weights(per_rank: list[Any], modules: list[Any], site: str) -> None
 
 def _diverged(class_name: str, name: str, ranks: list[int], site: str) -> str:
     shown = ", ".join(map(str, ranks))
-    since = (f"equal at backward call {_last_equal}, " if _last_equal else "")
+    counts = _counts()
+    since = (f"equal at backward call {counts.last_equal}, " if counts.last_equal else "")
     return (f"distify debug: replicas diverged: {class_name}.{name} differs from rank 0's on "
             f"rank{'s' if len(ranks) > 1 else ''} {shown} ({since}compared before backward "
-            f"call {_backwards} at {site}): something changed the weights on some ranks only "
+            f"call {counts.backwards} at {site}): something changed the weights on some ranks only "
             "(an in-place edit, a rank-dependent learning rate or step, a parameter outside "
             "DDP); set DISTIFY_DEBUG_EVERY=1 to find the first step where they differ")

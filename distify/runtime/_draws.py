@@ -27,10 +27,19 @@ import torch
 
 from . import _state
 
-#: per device: (the torch seed it was derived from, the generator)
-_torch_generators: dict[torch.device, tuple[int, torch.Generator]] = {}
-_numpy_state: Any = None
-_python_state: _random.Random | None = None
+
+class _Generators:
+    """The runtime's part (see ``_state.Runtime``): this rank's generators."""
+
+    def __init__(self) -> None:
+        #: per device: (the torch seed it was derived from, the generator)
+        self.torch: dict[torch.device, tuple[int, torch.Generator]] = {}
+        self.numpy: Any = None
+        self.python: _random.Random | None = None
+
+
+def _generators() -> _Generators:
+    return _state.current().part(_Generators)
 
 #: a large odd constant (the golden ratio's 64 bits) to spread the ranks' seeds apart
 _SPREAD = 0x9E3779B97F4A7C15
@@ -53,11 +62,12 @@ def data_generator(device: Any = None) -> torch.Generator | None:
         return None
     place = _place(device)
     seed = torch.initial_seed()
-    cached = _torch_generators.get(place)
+    generators = _generators().torch
+    cached = generators.get(place)
     if cached is None or cached[0] != seed:
         generator = torch.Generator(device=place)
         generator.manual_seed(_rank_seed(seed))
-        cached = _torch_generators[place] = (seed, generator)
+        cached = generators[place] = (seed, generator)
     return cached[1]
 
 
@@ -74,11 +84,11 @@ def numpy_random() -> Any:
 
     if _state.world_size() == 1:
         return numpy.random
-    global _numpy_state
-    if _numpy_state is None:
+    generators = _generators()
+    if generators.numpy is None:
         key = numpy.random.get_state()[1]  # the legacy generator's key; reading draws nothing
-        _numpy_state = numpy.random.RandomState([_state.rank() + 1, *(int(k) for k in key)])
-    return _numpy_state
+        generators.numpy = numpy.random.RandomState([_state.rank() + 1, *(int(k) for k in key)])
+    return generators.numpy
 
 
 def python_random() -> Any:
@@ -91,11 +101,11 @@ def python_random() -> Any:
     """
     if _state.world_size() == 1:
         return _random
-    global _python_state
-    if _python_state is None:
+    generators = _generators()
+    if generators.python is None:
         # a tuple of ints hashes the same in every process (PYTHONHASHSEED changes str only)
-        _python_state = _random.Random(hash((_random.getstate()[1], _state.rank())))
-    return _python_state
+        generators.python = _random.Random(hash((_random.getstate()[1], _state.rank())))
+    return generators.python
 
 
 def _rank_seed(seed: int) -> int:

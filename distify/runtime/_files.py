@@ -40,18 +40,20 @@ def open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> IO[Any]:
         return builtins.open(file, mode, *args, **kwargs)
     main = _state.is_main_process()
     if not any(flag in mode for flag in "wxa+"):
-        if not main and _io._saves.get(key, 0) > _io._saves_seen.get(key, 0):
+        known = _io.saves()
+        if not main and known.made.get(key, 0) > known.seen.get(key, 0):
             _io._wait_for_main_process_save(key, os.fspath(file))
         return builtins.open(file, mode, *args, **kwargs)
     if "a" in mode or "+" in mode:
         return builtins.open(file, mode, *args, **kwargs) if main else _sink(file, mode, kwargs)
-    _io._saves[key] = _io._saves.get(key, 0) + 1  # numbered alike on every rank, as saves are
+    made = _io.saves().made
+    made[key] = made.get(key, 0) + 1  # numbered alike on every rank, as saves are
     if not main:
         return _sink(file, mode, kwargs)
     path = os.fspath(file)
     if "x" in mode and os.path.lexists(path):
         raise FileExistsError(17, "File exists", path)
-    return _AtomicFile(path, mode.replace("x", "w"), args, kwargs, key, _io._saves[key])
+    return _AtomicFile(path, mode.replace("x", "w"), args, kwargs, key, made[key])
 
 
 class _AtomicFile:

@@ -36,8 +36,15 @@ _NO_DDP_FORWARD = (
     "forward)")
 _WARNED = " (DISTIFY_ALLOW_UNSYNCED is set, so training goes on; this warning is not repeated)"
 
-#: the causes already warned about under DISTIFY_ALLOW_UNSYNCED
-_warned: set[str] = set()
+
+
+class _Warned(set):
+    """The runtime's part (see ``_state.Runtime``): the causes already warned about under
+    DISTIFY_ALLOW_UNSYNCED."""
+
+
+def _warned() -> _Warned:
+    return _state.current().part(_Warned)
 
 
 def before_backward(loss: torch.Tensor) -> None:
@@ -50,11 +57,11 @@ def before_backward(loss: torch.Tensor) -> None:
         DistifyError: no DDP training forward made this loss (unless allowed), or, in debug
             mode, the ranks are not at the same call or their weights differ.
     """
-    state = _state.state()
+    settings = _state.settings()
     forwards, synced = _model.take_forwards()
     if not forwards and getattr(loss, "requires_grad", False):
-        _refuse("backward", _NO_DDP_FORWARD.format(n=state.world_size), state)
-    if state.debug:
+        _refuse("backward", _NO_DDP_FORWARD.format(n=settings.world_size), settings)
+    if settings.debug:
         how = "DDP all-reduce" if synced else "no_sync" if forwards else "no DDP forward"
         _debug.before_backward(f"backward ({how})", _model.synced_modules())
 
@@ -77,7 +84,7 @@ class _StepCheck:
         self.unsynced: tuple[torch.Tensor, ...] = ()
 
     def __call__(self, optimizer: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
-        if "optimizer" in _warned:
+        if "optimizer" in _warned():
             return
         version, synced = _model.synced_parameter_ids()
         key = (version, tuple((id(group["params"]), len(group["params"]))
@@ -89,7 +96,7 @@ class _StepCheck:
         if self.unsynced:
             stray = [param for param in self.unsynced if param.grad is not None]
             if stray:
-                _refuse("optimizer", _stray_message(stray), _state.state())
+                _refuse("optimizer", _stray_message(stray), _state.settings())
 
 
 def _stray_message(stray: list[torch.Tensor]) -> str:
@@ -107,9 +114,10 @@ def _stray_message(stray: list[torch.Tensor]) -> str:
             f"{_state.world_size()} processes and the replicas will drift apart: {fix}")
 
 
-def _refuse(cause: str, message: str, state: _state.State) -> None:
-    if not state.allow_unsynced:
+def _refuse(cause: str, message: str, settings: _state.Settings) -> None:
+    if not settings.allow_unsynced:
         raise DistifyError(message + _ALLOW)
-    if cause not in _warned:
-        _warned.add(cause)
+    warned = _warned()
+    if cause not in warned:
+        warned.add(cause)
         warnings.warn(message + _WARNED, stacklevel=4)

@@ -50,8 +50,9 @@ def save(obj: Any, f: PathOrFile, **kwargs: Any) -> None:
         **kwargs: passed to ``torch.save``.
     """
     key = _path_key(f)
+    made = saves().made
     if key is not None:  # every rank numbers the saves of each path alike: see load()
-        _saves[key] = _saves.get(key, 0) + 1
+        made[key] = made.get(key, 0) + 1
     if isinstance(f, io.BytesIO):  # memory, not a file: every process keeps its own copy
         torch.save(obj, f, **kwargs)
         return
@@ -63,13 +64,22 @@ def save(obj: Any, f: PathOrFile, **kwargs: Any) -> None:
     _atomic_save(obj, os.fspath(f), kwargs)  # type: ignore[arg-type]
     store = _state.shared_store()
     if store is not None:
-        store.set(f"saved/{key}/{_saves[key]}", b"")
+        store.set(f"saved/{key}/{made[key]}", b"")
 
 
-#: per path, how many times this process called save for it
-_saves: dict[str, int] = {}
-#: per path, the last of those saves the main process is known to have finished (other ranks)
-_saves_seen: dict[str, int] = {}
+class Saves:
+    """The runtime's part (see ``_state.Runtime``) about saves of paths, numbered alike on
+    every rank: per path, how many times this process called save (or opened it for writing)
+    for it, and the last of those the main process is known to have finished (other ranks)."""
+
+    def __init__(self) -> None:
+        self.made: dict[str, int] = {}
+        self.seen: dict[str, int] = {}
+
+
+def saves() -> Saves:
+    """This process's :class:`Saves`."""
+    return _state.current().part(Saves)
 
 
 def load(f: PathOrFile, map_location: Any = None, **kwargs: Any) -> Any:
@@ -88,8 +98,9 @@ def load(f: PathOrFile, map_location: Any = None, **kwargs: Any) -> Any:
         DistifyError: the main process did not finish that save within the job's timeout.
     """
     key = _path_key(f)
+    known = saves()
     if key is not None and not _state.is_main_process() \
-            and _saves.get(key, 0) > _saves_seen.get(key, 0):
+            and known.made.get(key, 0) > known.seen.get(key, 0):
         _wait_for_main_process_save(key, os.fspath(f))  # type: ignore[arg-type]
     if map_location is None:
         map_location = _to_this_device
@@ -104,7 +115,8 @@ def _path_key(f: PathOrFile) -> str | None:
 
 
 def _wait_for_main_process_save(key: str, shown: str) -> None:
-    number = _saves[key]
+    known = saves()
+    number = known.made[key]
     store = _state.shared_store()
     if store is None:  # no store to ask: meet the main process instead (it loads too)
         _collectives.wait_for_everyone()
@@ -112,12 +124,12 @@ def _wait_for_main_process_save(key: str, shown: str) -> None:
         try:  # blocks until the main process has published that save (the store's timeout)
             store.get(f"saved/{key}/{number}")
         except RuntimeError:
-            timeout = _state.state().timeout.total_seconds()
+            timeout = _state.settings().timeout.total_seconds()
             raise DistifyError(
                 f"waited {timeout:g} s for the main process to finish saving {shown}: it is "
                 "stuck, failed, or never called distify.save for it (set DISTIFY_TIMEOUT to "
                 "wait longer)") from None
-    _saves_seen[key] = number
+    known.seen[key] = number
 
 
 def set_seed(seed: int) -> None:

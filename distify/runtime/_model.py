@@ -1,23 +1,22 @@
-"""Prepared models: on the device, DDP when the world size is > 1, still the user's own object.
+"""Prepared models: on the device, distributed by the strategy, still the user's own object.
 
 Instead of returning a wrapper (where ``model.fc`` or ``model.generate`` would fail and
 ``state_dict`` keys would gain a ``module.`` prefix), the model's class is swapped for a subclass
-whose ``__call__`` routes training forwards through a DistributedDataParallel object kept
-aside. Everything else (attributes, methods, ``state_dict``, ``isinstance``) is the user's class.
+whose ``__call__`` routes training forwards through what the strategy made of it (``_ddp``: a
+DistributedDataParallel object kept aside; ``_fsdp``: the sharded module itself). Everything else
+(attributes, methods, ``state_dict`` keys, ``isinstance``) is the user's class.
 
-Its DDP does not sync buffers at the start of each training forward: ``_buffers`` broadcasts
-the main process's right after it instead, so every rank evaluates (and the main process
-saves) the same BatchNorm statistics.
+After each training forward ``_buffers`` broadcasts the main process's buffers, so every rank
+evaluates (and the main process saves) the same BatchNorm statistics, whatever the strategy.
 
 This module also keeps what the guards (``_guard``) and debug mode (``_debug``) need to know
-about DDP: how many training forwards went through it since the last ``distify.backward``, and
-which parameters it averages.
+about the distributed models: how many training forwards went through them since the last
+``distify.backward``, and which parameters' gradients they synchronise.
 """
 
 from __future__ import annotations
 
 import itertools
-import os
 import warnings
 import weakref
 from dataclasses import dataclass
@@ -27,7 +26,8 @@ import torch
 from torch import nn
 from torch.nn.parallel import DataParallel, DistributedDataParallel
 
-from . import _buffers, _debug, _precision, _state
+from . import _buffers, _ddp, _precision, _state, _strategy
+from ._strategy import DistributedModel
 from ._subclass import (
     PicklesAsOriginal,
     original_class,
@@ -36,48 +36,89 @@ from ._subclass import (
     swap_class,
 )
 
-_models: weakref.WeakSet = weakref.WeakSet()
-_sync_gradients = True
-#: DDP training forwards since the last ``distify.backward``: all of them, and those that
-#: average gradients (not under ``sync_gradients(False)``)
-_forwards = 0
-_synced_forwards = 0
 _EVAL_WITH_GRAD = ("a prepared model was called in eval mode with gradients enabled: that "
                    "forward bypasses DDP, so gradients from it are not averaged across processes; "
                    "call model.train() before training, or use torch.no_grad() to evaluate")
 
 
-class _Runtime:
+@dataclass(frozen=True)
+class SyncedModule:
+    """A module whose gradients the strategy synchronises: those parameters, by name."""
+
+    order: int  # preparation order, the same on every rank
+    class_name: str
+    parameters: tuple[tuple[str, nn.Parameter], ...]
+    #: every rank holds the same full weights (DDP; not FSDP's shards)
+    replicated: bool = True
+
+
+class _Models:
+    """The runtime's part (see ``_state.Runtime``) about prepared models."""
+
+    def __init__(self) -> None:
+        self.models: weakref.WeakSet = weakref.WeakSet()
+        #: what ``sync_gradients`` last set
+        self.sync_gradients = True
+        #: training forwards through a distributed model since the last ``distify.backward``:
+        #: all of them, and those that synchronise gradients (not ``sync_gradients(False)``)
+        self.forwards = 0
+        self.synced_forwards = 0
+        #: every module whose gradients are synchronised (prepared, or the user's own DDP)
+        self.synced: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.synced_ids: frozenset[int] | None = None
+        self.synced_version = 0
+        self.order = itertools.count()
+
+
+def _book() -> _Models:
+    return _state.current().part(_Models)
+
+
+class _ModelState:
     """Distify's per-model state, kept in the instance ``__dict__`` (not a submodule)."""
 
-    def __init__(self, ddp: DistributedDataParallel | None) -> None:
-        self.ddp = ddp
+    def __init__(self, distributed: DistributedModel | None, buffers: Any) -> None:
+        self.distributed = distributed
         #: broadcasts the main process's buffers after each training forward
-        self.buffers = None if ddp is None else \
-            _buffers.for_model(ddp.module, original_class(ddp.module).__name__)
-        self.inside_ddp = False
+        self.buffers = buffers
+        self.inside = False  # the strategy's wrapper is calling the module
         self.warned = False
 
 
 class _PreparedModelMixin(PicklesAsOriginal):
-    """Mixed into a prepared model's class: DDP for training forwards, autocast, fp32 outputs."""
+    """Mixed into a prepared model's class: the strategy for training forwards, autocast,
+    fp32 outputs, and the strategy's meaning of ``state_dict``."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        runtime: _Runtime = private_state(self)
-        if runtime.inside_ddp:  # DDP calling its module: run the user's forward and hooks once
+        state: _ModelState = private_state(self)
+        if state.inside:  # DDP calling its module: run the user's forward and hooks once
             return super().__call__(*args, **kwargs)
         with _precision.autocast():
-            if runtime.ddp is None:
+            if state.distributed is None:
                 outputs = super().__call__(*args, **kwargs)
             elif self.training and torch.is_grad_enabled():
-                outputs = _call_through_ddp(runtime, args, kwargs)
+                outputs = _training_forward(state, args, kwargs)
             else:
-                # No collective here: evaluation shards of unequal length, or an evaluation on
-                # the main process only, would hang on it; no gradient needs averaging, and
-                # the buffers are already the main process's (``_buffers``).
-                _warn_if_training_in_eval(runtime)
+                # No collective of distify's here: evaluation shards of unequal length, or an
+                # evaluation on the main process only, would hang on it; no gradient needs
+                # averaging, and the buffers are already the main process's (``_buffers``).
+                # (FSDP's own all-gathers of the sharded weights still run: see ``_fsdp``.)
+                _warn_if_training_in_eval(state)
                 outputs = super().__call__(*args, **kwargs)
         return _precision.finish_outputs(outputs)
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        own = super().state_dict(*args, **kwargs)
+        distributed = private_state(self).distributed
+        if distributed is None or args or kwargs.get("prefix"):  # a parent's call: as it is
+            return own
+        return distributed.state_dict(own)
+
+    def load_state_dict(self, state_dict: Any, *args: Any, **kwargs: Any) -> Any:
+        distributed = private_state(self).distributed
+        if distributed is not None:
+            state_dict = distributed.load_state_dict(state_dict)
+        return super().load_state_dict(state_dict, *args, **kwargs)
 
     @property
     def module(self) -> Any:
@@ -101,50 +142,44 @@ class _PreparedModelMixin(PicklesAsOriginal):
 _MISSING = object()
 
 
-@dataclass(frozen=True)
-class SyncedModule:
-    """A module whose gradients DDP averages: the parameters it averages, by name."""
-
-    order: int  # preparation order, the same on every rank
-    class_name: str
-    parameters: tuple[tuple[str, nn.Parameter], ...]
-
-
-#: every module under DDP (prepared, or the user's own DDP given to prepare)
-_synced: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_synced_ids: frozenset[int] | None = None
-_synced_version = 0
-_order = itertools.count()
-
-
 def prepare_model(model: nn.Module, device_placement: bool = True) -> nn.Module:
-    """Move ``model`` to the device and, when the world size is > 1, set up DDP for it."""
+    """Move ``model`` to the device and, when the world size is > 1, distribute it with the
+    strategy (DDP by default)."""
     if isinstance(model, DistributedDataParallel):
-        _watch_user_ddp(model)
+        _watch_user_module(model, model.module)
+        return model
+    if _is_user_fsdp(model):
+        _watch_user_module(model, model)
         return model
     if isinstance(model, _PreparedModelMixin):
         return model
     if isinstance(model, DataParallel):
         # Keep the user's DataParallel, so its state_dict keys (``module.``) and ``.module``
         # stay as they were, but with one device per process: it just calls the wrapped module,
-        # which runs under DDP.
+        # which runs under the strategy.
         model.device_ids = []
         prepare_model(model.module, device_placement)
         return model
     for child in model.modules():  # a DataParallel sub-module: the same, one device
         if isinstance(child, DataParallel):
             child.device_ids = []
-    state = _state.state()
-    if state.world_size > 1 and state.sync_batchnorm:
-        model = _sync_batchnorm(model, state.device)
+    settings = _state.settings()
+    if settings.world_size > 1 and settings.sync_batchnorm:
+        model = _sync_batchnorm(model, settings.device)
     if device_placement:
-        model.to(state.device)
-    swap_class(model, _PreparedModelMixin)
-    ddp = _make_ddp(model, state)
-    set_private_state(model, _Runtime(ddp))
-    _models.add(model)
-    if ddp is not None:
-        _add_synced(model, original_class(model).__name__, model)
+        model.to(settings.device)
+    user_class = original_class(model)
+    # A module with nothing to train (a frozen teacher, an EMA copy) is not distributed: DDP
+    # refuses it, and nothing needs synchronising.
+    distributed = _strategy.current().distribute(model) if settings.world_size > 1 and any(
+        p.requires_grad for p in model.parameters()) else None
+    swap_class(model, _PreparedModelMixin, original=user_class)
+    buffers = None if distributed is None else _buffers.for_model(model, user_class.__name__)
+    set_private_state(model, _ModelState(distributed, buffers))
+    _book().models.add(model)
+    if distributed is not None:
+        _add_synced(model, user_class.__name__, distributed.synced_parameters(),
+                    distributed.replicated)
     return model
 
 
@@ -175,104 +210,100 @@ def sync_gradients(sync: bool) -> None:
     Args:
         sync: ``True`` to average gradients (the default), ``False`` to only accumulate them.
     """
-    global _sync_gradients
-    _sync_gradients = bool(sync)
+    _book().sync_gradients = bool(sync)
 
 
 def take_forwards() -> tuple[int, int]:
-    """The DDP training forwards since the last call (all, and those averaging gradients)."""
-    global _forwards, _synced_forwards
-    counts = _forwards, _synced_forwards
-    _forwards = _synced_forwards = 0
+    """The distributed training forwards since the last call (all, and those synchronising
+    gradients)."""
+    book = _book()
+    counts = book.forwards, book.synced_forwards
+    book.forwards = book.synced_forwards = 0
     return counts
 
 
 def synced_parameter_ids() -> tuple[int, frozenset[int]]:
     """A version number that changes whenever models are prepared, and the ids of the
-    parameters whose gradients DDP averages."""
-    global _synced_ids
-    if _synced_ids is None:
-        _synced_ids = frozenset(id(param) for module in _synced.values()
-                                for _, param in module.parameters)
-    return _synced_version, _synced_ids
+    parameters whose gradients the strategy synchronises."""
+    book = _book()
+    if book.synced_ids is None:
+        book.synced_ids = frozenset(id(param) for module in book.synced.values()
+                                    for _, param in module.parameters)
+    return book.synced_version, book.synced_ids
 
 
 def synced_modules() -> list[SyncedModule]:
-    """The modules under DDP, in the order they were prepared."""
-    return sorted(_synced.values(), key=lambda module: module.order)
+    """The modules whose gradients are synchronised, in the order they were prepared."""
+    return sorted(_book().synced.values(), key=lambda module: module.order)
 
 
 def parameter_name(param: torch.Tensor) -> str | None:
     """``Class.name`` of ``param`` in a prepared model, if it belongs to one."""
-    for model in list(_models):
+    for model in list(_book().models):
         for name, candidate in model.named_parameters():
             if candidate is param:
                 return f"{original_class(model).__name__}.{name}"
     return None
 
 
-def _add_synced(key: nn.Module, class_name: str, module: nn.Module) -> None:
-    # What DDP averages: the parameters that require a gradient when it is built.
-    ignored = set(getattr(module, "_ddp_params_and_buffers_to_ignore", ()))
-    params = tuple((name, param) for name, param in module.named_parameters()
-                   if param.requires_grad and name not in ignored)
-    _synced[key] = SyncedModule(next(_order), class_name, params)
-    _synced_changed()
-    weakref.finalize(key, _synced_changed)
-
-
-def _synced_changed() -> None:
-    global _synced_ids, _synced_version
-    _synced_ids = None
-    _synced_version += 1
-
-
-def _watch_user_ddp(ddp: DistributedDataParallel) -> None:
-    """A DDP the user built: count its training forwards and know its parameters too."""
-    if ddp in _synced:
-        return
-    ddp.register_forward_pre_hook(_count_user_ddp_forward)
-    _add_synced(ddp, original_class(ddp.module).__name__, ddp.module)
-
-
-def _count_user_ddp_forward(ddp: nn.Module, _args: Any) -> None:
-    global _forwards, _synced_forwards
-    if torch.is_grad_enabled():
-        _forwards += 1
-        _synced_forwards += bool(ddp.require_backward_grad_sync)
-
-
-def _release_ddp() -> None:
-    """At exit: the DDP objects hold the process group, so let them go before it is destroyed."""
-    for model in list(_models):
-        private_state(model).ddp = None
-
-
-_state.before_leaving(_release_ddp)
-
-
 def any_model_training() -> bool:
     """True when some prepared model is in training mode."""
-    return any(model.training for model in list(_models))
+    return any(model.training for model in list(_book().models))
 
 
-def _make_ddp(model: nn.Module, state: _state.State) -> DistributedDataParallel | None:
-    # DDP refuses modules with nothing to train (a frozen teacher, an EMA copy): skip them.
-    if state.world_size == 1 or not any(p.requires_grad for p in model.parameters()):
-        return None
-    if state.debug:  # building DDP broadcasts the main process's weights: a collective
-        _debug.check(f"prepare({original_class(model).__name__})")
-    device_ids = [state.device.index] if state.device.type == "cuda" else None
-    find_unused = os.environ.get("DISTIFY_FIND_UNUSED_PARAMETERS", "").strip().lower() in \
-        ("1", "true", "yes", "on")
-    ddp = DistributedDataParallel(model, device_ids=device_ids,
-                                  find_unused_parameters=find_unused)
-    # Built with its defaults, DDP has broadcast the main process's buffers with its weights;
-    # from now on ``_buffers`` syncs them after each training forward instead of DDP before.
-    # (Not ``broadcast_buffers=False`` above: that would leave the buffers out of that first
-    # broadcast, and torch 2.13 deprecates the argument.)
-    ddp.broadcast_buffers = False
-    return ddp
+def _add_synced(key: nn.Module, class_name: str,
+                params: tuple[tuple[str, nn.Parameter], ...], replicated: bool) -> None:
+    book = _book()
+    book.synced[key] = SyncedModule(next(book.order), class_name, params, replicated)
+    _synced_changed(book)
+    weakref.finalize(key, _synced_changed, book)
+
+
+def _synced_changed(book: _Models) -> None:
+    book.synced_ids = None
+    book.synced_version += 1
+
+
+def _is_user_fsdp(model: nn.Module) -> bool:
+    """A module the user sharded with ``fully_shard`` themselves (not one distify prepared)."""
+    if isinstance(model, _PreparedModelMixin):
+        return False
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:
+        return False
+    return isinstance(model, FSDPModule)
+
+
+def _watch_user_module(wrapper: nn.Module, module: nn.Module) -> None:
+    """A DDP (or FSDP module) the user built: count its training forwards, know its
+    parameters."""
+    if wrapper in _book().synced:
+        return
+    wrapper.register_forward_pre_hook(_count_user_forward)
+    replicated = isinstance(wrapper, DistributedDataParallel)
+    params = _ddp.averaged_parameters(module) if replicated else tuple(
+        (name, param) for name, param in module.named_parameters() if param.requires_grad)
+    _add_synced(wrapper, original_class(module).__name__, params, replicated)
+
+
+def _count_user_forward(wrapper: nn.Module, _args: Any) -> None:
+    if torch.is_grad_enabled():
+        book = _book()
+        book.forwards += 1
+        sync = getattr(wrapper, "require_backward_grad_sync", True)
+        book.synced_forwards += bool(sync)
+
+
+def _release_models() -> None:
+    """At exit: what the strategy made holds the process group, so let it go first."""
+    for model in list(_book().models):
+        distributed = private_state(model).distributed
+        if distributed is not None:
+            distributed.release()
+
+
+_state.before_leaving(_release_models)
 
 
 def _sync_batchnorm(model: nn.Module, device: torch.device) -> nn.Module:
@@ -283,25 +314,25 @@ def _sync_batchnorm(model: nn.Module, device: torch.device) -> nn.Module:
     return nn.SyncBatchNorm.convert_sync_batchnorm(model)
 
 
-def _call_through_ddp(runtime: _Runtime, args: tuple, kwargs: dict) -> Any:
-    global _forwards, _synced_forwards
-    assert runtime.ddp is not None
-    _forwards += 1
-    _synced_forwards += _sync_gradients
-    runtime.ddp.require_backward_grad_sync = _sync_gradients  # what DDP.no_sync() toggles
-    runtime.inside_ddp = True
+def _training_forward(state: _ModelState, args: tuple, kwargs: dict) -> Any:
+    book = _book()
+    sync = book.sync_gradients
+    book.forwards += 1
+    book.synced_forwards += sync
+    assert state.distributed is not None
+    state.inside = True
     try:
-        outputs = runtime.ddp(*args, **kwargs)
+        outputs = state.distributed.forward(args, kwargs, sync)
     finally:
-        runtime.inside_ddp = False
-    if runtime.buffers is not None:
-        runtime.buffers.broadcast_from_main()
+        state.inside = False
+    if state.buffers is not None:
+        state.buffers.broadcast_from_main()
     return outputs
 
 
-def _warn_if_training_in_eval(runtime: _Runtime) -> None:
-    if torch.is_grad_enabled() and not runtime.warned:
-        runtime.warned = True
+def _warn_if_training_in_eval(state: _ModelState) -> None:
+    if torch.is_grad_enabled() and not state.warned:
+        state.warned = True
         warnings.warn(_EVAL_WITH_GRAD, stacklevel=4)
 
 

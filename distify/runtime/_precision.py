@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from . import _guard, _state
+from . import _guard, _state, _strategy
 from ._errors import DistifyError
 from ._subclass import PicklesAsOriginal, swap_class
 from ._tree import map_tensors, tensors_in
@@ -24,10 +24,21 @@ _HALF = (torch.float16, torch.bfloat16)
 _PLAIN_BACKWARD = ("loss.backward() was called on the output of a prepared model under fp16 mixed "
                    "precision: call distify.backward(loss) instead, so the loss is scaled")
 
-_scaler: torch.amp.GradScaler | None = None
-_inside_backward = False  # process-wide: CUDA runs backward hooks on the autograd engine's threads
-_optimizers: weakref.WeakSet = weakref.WeakSet()
-_unscaled: weakref.WeakSet = weakref.WeakSet()  # optimizers unscaled since their last step
+
+
+class _Precision:
+    """The runtime's part (see ``_state.Runtime``) about loss scaling."""
+
+    def __init__(self) -> None:
+        self.scaler: torch.amp.GradScaler | None = None
+        #: process-wide: CUDA runs backward hooks on the autograd engine's threads
+        self.inside_backward = False
+        self.optimizers: weakref.WeakSet = weakref.WeakSet()
+        self.unscaled: weakref.WeakSet = weakref.WeakSet()  # unscaled since their last step
+
+
+def _part() -> _Precision:
+    return _state.current().part(_Precision)
 
 
 def autocast() -> contextlib.AbstractContextManager[Any]:
@@ -71,18 +82,18 @@ def backward(loss: torch.Tensor, **kwargs: Any) -> None:
             loss; in debug mode (``DISTIFY_DEBUG=1``), the ranks are at different calls or
             their weights differ.
     """
-    global _inside_backward
-    state = _state.state()
-    if state.world_size > 1:
+    settings = _state.settings()
+    if settings.world_size > 1:
         _guard.before_backward(loss)
-    if state.mixed_precision != "fp16":
+    if settings.mixed_precision != "fp16":
         loss.backward(**kwargs)
         return
-    _inside_backward = True
+    part = _part()
+    part.inside_backward = True
     try:
         _grad_scaler().scale(loss).backward(**kwargs)
     finally:
-        _inside_backward = False
+        part.inside_backward = False
 
 
 def clip_grad_norm_(parameters: torch.Tensor | Iterable[torch.Tensor], max_norm: float,
@@ -99,7 +110,9 @@ def clip_grad_norm_(parameters: torch.Tensor | Iterable[torch.Tensor], max_norm:
         The total norm of the (unscaled) gradients before clipping.
     """
     params = _unscale_for(parameters)
-    return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type, **kwargs)
+    if _state.world_size() == 1:
+        return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type, **kwargs)
+    return _strategy.current().clip_grad_norm_(params, max_norm, norm_type, **kwargs)
 
 
 def clip_grad_value_(parameters: torch.Tensor | Iterable[torch.Tensor], clip_value: float,
@@ -120,14 +133,17 @@ def prepare_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer
     With more than one process, its ``step`` refuses to update parameters that have a gradient
     but belong to no prepared model under DDP (``DISTIFY_ALLOW_UNSYNCED=1``: one warning).
     """
-    if optimizer in _optimizers:
+    part = _part()
+    if optimizer in part.optimizers:
         return optimizer
     optimizer.step_was_skipped = False  # type: ignore[attr-defined]
+    if _state.world_size() > 1:
+        _strategy.current().setup_optimizer(optimizer)
     if _state.mixed_precision() == "fp16":
         _route_step_through_scaler(optimizer)
     if _state.world_size() > 1:
         _guard.watch_optimizer(optimizer)
-    _optimizers.add(optimizer)
+    part.optimizers.add(optimizer)
     return optimizer
 
 
@@ -148,10 +164,11 @@ class _SkipAwareScheduler(PicklesAsOriginal):
 
 
 def _grad_scaler() -> torch.amp.GradScaler:
-    global _scaler
-    if _scaler is None:
-        _scaler = torch.amp.GradScaler(_state.device().type)
-    return _scaler
+    part = _part()
+    if part.scaler is None:
+        part.scaler = torch.amp.GradScaler(_state.device().type) \
+            if _state.world_size() == 1 else _strategy.current().grad_scaler()
+    return part.scaler
 
 
 def _route_step_through_scaler(optimizer: torch.optim.Optimizer) -> None:
@@ -170,7 +187,7 @@ def _route_step_through_scaler(optimizer: torch.optim.Optimizer) -> None:
             scaler.update()
         finally:
             busy[0] = False
-            _unscaled.discard(self)
+            _part().unscaled.discard(self)
         # The scale only goes down when inf/nan gradients made the scaler skip the step.
         self.step_was_skipped = scaler.get_scale() < scale  # type: ignore[attr-defined]
         return result
@@ -182,16 +199,17 @@ def _route_step_through_scaler(optimizer: torch.optim.Optimizer) -> None:
 
 
 def _unscale_for(parameters: torch.Tensor | Iterable[torch.Tensor]) -> list[torch.Tensor]:
-    params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
-    if _scaler is None or _state.mixed_precision() != "fp16":
+    params = _strategy.as_list(parameters)
+    part = _part()
+    if part.scaler is None or _state.mixed_precision() != "fp16":
         return params
     wanted = {id(param) for param in params}
-    for optimizer in list(_optimizers):
-        if optimizer in _unscaled:
+    for optimizer in list(part.optimizers):
+        if optimizer in part.unscaled:
             continue
         if any(id(p) in wanted for group in optimizer.param_groups for p in group["params"]):
-            _scaler.unscale_(optimizer)
-            _unscaled.add(optimizer)
+            part.scaler.unscale_(optimizer)
+            part.unscaled.add(optimizer)
     return params
 
 
@@ -200,5 +218,5 @@ def _to_float32(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _require_distify_backward(grad: torch.Tensor) -> None:
-    if not _inside_backward:
+    if not _part().inside_backward:
         raise DistifyError(_PLAIN_BACKWARD)

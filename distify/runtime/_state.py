@@ -17,7 +17,7 @@ import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -34,8 +34,8 @@ _LAUNCH_HINT = ("launch with `distify launch` or torchrun, which set it, "
 
 
 @dataclass(frozen=True)
-class State:
-    """What the runtime knows about this process; built once by :func:`init`."""
+class Settings:
+    """What the launcher's environment says about this process; read once by :func:`init`."""
 
     rank: int
     local_rank: int
@@ -54,16 +54,62 @@ class State:
     #: ``DISTIFY_ALLOW_UNSYNCED``: warn (once per cause) instead of refusing to train
     #: parameters that DDP does not average (see ``_guard``)
     allow_unsynced: bool = False
+    #: how models are distributed: a name registered in ``_strategy`` (``"ddp"``, ``"fsdp"``)
+    strategy: str = "ddp"
+    #: the strategy's own settings (``_fsdp.FsdpOptions`` for FSDP), read with the rest
+    strategy_options: Any = None
 
 
-_STATE: State | None = None
+class Runtime:
+    """Everything the runtime holds for this process, in one object.
+
+    ``settings`` and ``strategy`` are set by :func:`init`; every other module of the runtime
+    keeps its bookkeeping (prepared models, the GradScaler, the saves made, ...) as a *part*:
+    a small class of its own, created empty on first use by :meth:`part`. :func:`reset` replaces
+    the whole object, so a test starts from nothing.
+    """
+
+    def __init__(self, settings: Settings | None = None) -> None:
+        #: None until :func:`init` reads them (tests may give them instead)
+        self.settings = settings
+        #: the ``_strategy.Strategy`` for ``settings.strategy``, made on first use
+        self.strategy: Any = None
+        #: the job's key-value store under a ``distify/`` prefix (see :func:`shared_store`)
+        self.store: Any = None
+        self._parts: dict[type, Any] = {}
+
+    def part(self, kind: type[T]) -> T:
+        """The runtime module's state of class ``kind`` (made with ``kind()`` on first use)."""
+        found = self._parts.get(kind)
+        if found is None:
+            found = self._parts[kind] = kind()
+        return found
+
+
+T = TypeVar("T")
+_RUNTIME = Runtime()
 # Run before leaving the group at exit, to drop what holds it (the models' DDP objects).
+# Code registered at import, not state: it survives :func:`reset`.
 _before_leaving: list[Callable[[], None]] = []
+
+
+def current() -> Runtime:
+    """The runtime's state object (not initialised yet, maybe: see :func:`settings`)."""
+    return _RUNTIME
+
+
+def reset() -> None:
+    """Forget every setting and everything prepared, as in a new process (for tests).
+
+    A process group that exists is left as it is: the next :func:`init` finds and uses it.
+    """
+    global _RUNTIME
+    _RUNTIME = Runtime()
 
 
 def init(mixed_precision: str | None = None,
          timeout: float | datetime.timedelta | None = None,
-         sync_batchnorm: bool | None = None) -> None:
+         sync_batchnorm: bool | None = None, strategy: str | None = None) -> None:
     """Initialise the runtime from the environment (optional: every other function calls it).
 
     Args:
@@ -73,6 +119,12 @@ def init(mixed_precision: str | None = None,
             default ``DISTIFY_TIMEOUT`` or 1800.
         sync_batchnorm: convert BatchNorm layers to SyncBatchNorm when the world size is > 1;
             default ``DISTIFY_SYNC_BATCHNORM``.
+        strategy: how models are distributed: ``"ddp"`` (replicas, gradients averaged) or
+            ``"fsdp"`` (parameters, gradients and optimizer state sharded); default
+            ``DISTIFY_STRATEGY``, else ``"fsdp"`` when ``ACCELERATE_USE_FSDP`` is set (as
+            ``accelerate launch`` and ``distify launch`` do for ``distributed_type: FSDP``),
+            else ``"ddp"``. FSDP reads its options from the ``FSDP_*`` variables those
+            launchers set.
 
     With more than one process it also reads ``DISTIFY_DEBUG`` (check every collective and,
     every ``DISTIFY_DEBUG_EVERY`` backward calls, default 10, that the weights are still
@@ -82,13 +134,16 @@ def init(mixed_precision: str | None = None,
     Raises:
         DistifyError: the launcher variables are inconsistent, or a setting is invalid.
     """
-    global _STATE
-    if _STATE is not None:
-        _check_same_settings(_STATE, mixed_precision, sync_batchnorm)
+    from . import _strategy  # imports the strategies, which import this module
+
+    runtime = _RUNTIME
+    if runtime.settings is not None:
+        _check_same_settings(runtime.settings, mixed_precision, sync_batchnorm, strategy)
         return
     precision = _mixed_precision_setting(mixed_precision)
     timeout_delta = _timeout_setting(timeout)
     sync_bn = _flag("DISTIFY_SYNC_BATCHNORM") if sync_batchnorm is None else bool(sync_batchnorm)
+    strategy_name, strategy_options = _strategy.from_environment(strategy)
     if dist.is_available() and dist.is_initialized():
         rank, world_size = dist.get_rank(), dist.get_world_size()  # Ray Train made the group
     else:
@@ -98,62 +153,72 @@ def init(mixed_precision: str | None = None,
     if world_size > 1 and not dist.is_initialized():
         _init_process_group(device, rank, world_size, timeout_delta)
     debug = world_size > 1 and _flag("DISTIFY_DEBUG")
-    _STATE = State(rank, local_rank, world_size, local_world_size, device, precision, sync_bn,
-                   timeout_delta, debug=debug,
-                   debug_every=_debug_every_setting() if debug else _DEFAULT_DEBUG_EVERY,
-                   allow_unsynced=_flag("DISTIFY_ALLOW_UNSYNCED"))
+    runtime.settings = Settings(
+        rank, local_rank, world_size, local_world_size, device, precision, sync_bn,
+        timeout_delta, debug=debug,
+        debug_every=_debug_every_setting() if debug else _DEFAULT_DEBUG_EVERY,
+        allow_unsynced=_flag("DISTIFY_ALLOW_UNSYNCED"), strategy=strategy_name,
+        strategy_options=strategy_options)
 
 
-def state() -> State:
-    """The runtime state, initialising it on first use."""
-    if _STATE is None:
+def settings() -> Settings:
+    """This process's settings, initialising the runtime on first use."""
+    found = _RUNTIME.settings
+    if found is None:
         init()
-    assert _STATE is not None
-    return _STATE
+        found = _RUNTIME.settings
+        assert found is not None
+    return found
 
 
 def device() -> torch.device:
     """This process's device: ``cuda:LOCAL_RANK``, else MPS (single process only), else CPU."""
-    return state().device
+    return settings().device
 
 
 def rank() -> int:
     """Global rank of this process (0 for a single process)."""
-    return state().rank
+    return settings().rank
 
 
 def world_size() -> int:
     """Number of processes in the job (1 without a launcher)."""
-    return state().world_size
+    return settings().world_size
 
 
 def local_rank() -> int:
     """Rank of this process on its machine."""
-    return state().local_rank
+    return settings().local_rank
 
 
 def local_world_size() -> int:
     """Number of processes on this machine."""
-    return state().local_world_size
+    return settings().local_world_size
 
 
 def is_main_process() -> bool:
     """True on global rank 0: the process that writes files and prints."""
-    return state().rank == 0
+    return settings().rank == 0
 
 
 def is_local_main_process() -> bool:
     """True on local rank 0 of each machine (e.g. for per-machine caches)."""
-    return state().local_rank == 0
+    return settings().local_rank == 0
 
 
 def mixed_precision() -> str:
     """The mixed precision in use: ``"no"``, ``"fp16"`` or ``"bf16"``."""
-    return state().mixed_precision
+    return settings().mixed_precision
 
 
-def _check_same_settings(current: State, mixed_precision: str | None,
-                         sync_batchnorm: bool | None) -> None:
+def comm_device() -> torch.device:
+    """Where tensors for a collective go: this process's GPU under NCCL (which moves only GPU
+    tensors), else the CPU (Gloo)."""
+    return device() if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def _check_same_settings(current: Settings, mixed_precision: str | None,
+                         sync_batchnorm: bool | None, strategy: str | None) -> None:
     if mixed_precision is not None and _mixed_precision_setting(mixed_precision) != \
             current.mixed_precision:
         raise DistifyError(
@@ -164,6 +229,10 @@ def _check_same_settings(current: State, mixed_precision: str | None,
         raise DistifyError(
             f"distify.init(sync_batchnorm={sync_batchnorm!r}) came after the runtime started: "
             "call distify.init(...) before any other distify call")
+    if strategy is not None and strategy.strip().lower() != current.strategy:
+        raise DistifyError(
+            f"distify.init(strategy={strategy!r}) came after the runtime started with "
+            f"{current.strategy!r}: call distify.init(...) before any other distify call")
 
 
 def _mixed_precision_setting(argument: str | None) -> str:
@@ -360,17 +429,14 @@ def shared_store() -> Any:
     For small handshakes that must not be collectives, such as waiting for the main process to
     finish a file. ``None`` in a single process, or when torch keeps its store out of reach.
     """
-    global _SHARED_STORE
-    if _SHARED_STORE is None and state().world_size > 1:
+    runtime = _RUNTIME
+    if runtime.store is None and settings().world_size > 1:
         try:
             default = dist.distributed_c10d._get_default_store()
         except (AttributeError, RuntimeError, ValueError):
             return None
-        _SHARED_STORE = dist.PrefixStore("distify/", default)
-    return _SHARED_STORE
-
-
-_SHARED_STORE: Any = None
+        runtime.store = dist.PrefixStore("distify/", default)
+    return runtime.store
 
 
 def before_leaving(callback: Callable[[], None]) -> None:
@@ -414,7 +480,7 @@ def _leave_process_group() -> None:
 
 def _exit_matches_peers() -> bool:
     """False when debug mode found a peer at another collective than the exit."""
-    if _STATE is None or not _STATE.debug:
+    if _RUNTIME.settings is None or not _RUNTIME.settings.debug:
         return True
     from . import _debug  # loaded with the runtime; imported here to avoid an import cycle
 

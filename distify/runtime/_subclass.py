@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 _PRIVATE = "_distify"
-_CACHE: dict[tuple[type, type], type] = {}
+_CACHE: dict[tuple[type, type, type], type] = {}
 
 
 _SET_CLASS = object.__dict__["__class__"].__set__
@@ -42,14 +42,23 @@ class PicklesAsOriginal:
         return (reduced[0], args, state, *reduced[3:])
 
 
-def swap_class(obj: T, mixin: type) -> T:
-    """Make ``obj`` an instance of a cached subclass ``(mixin, type(obj))`` with the same name."""
-    cls = original_class(obj)
-    key = (mixin, cls)
+def swap_class(obj: T, mixin: type, original: type | None = None) -> T:
+    """Make ``obj`` an instance of a cached subclass ``(mixin, type(obj))`` with the same name.
+
+    Args:
+        obj: the object.
+        mixin: the behaviour to add.
+        original: the class to name and pickle as, when ``type(obj)`` is itself a subclass
+            made by someone else (FSDP's ``fully_shard`` makes ``FSDP<Class>``); default: the
+            object's original class.
+    """
+    base = original_class(obj)
+    original = original or base
+    key = (mixin, base, original)
     if key not in _CACHE:
-        namespace = {"__module__": cls.__module__, "__qualname__": cls.__qualname__,
-                     "__doc__": cls.__doc__, "_distify_original_class": cls}
-        _CACHE[key] = type(cls.__name__, (mixin, cls), namespace)
+        namespace = {"__module__": original.__module__, "__qualname__": original.__qualname__,
+                     "__doc__": original.__doc__, "_distify_original_class": original}
+        _CACHE[key] = type(original.__name__, (mixin, base), namespace)
     obj.__class__ = _CACHE[key]
     return obj
 
