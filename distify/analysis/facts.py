@@ -12,6 +12,7 @@ import warnings
 from dataclasses import dataclass, field
 
 from distify.analysis import parallelism
+from distify.analysis.bptt import RESHAPES, reshape_dim_names
 from distify.analysis.draws import may_draw_batches
 from distify.analysis.effects import writes_mode
 from distify.analysis.names import ImportMap
@@ -46,6 +47,8 @@ class FileFacts:
     written_paths: set[str] = field(default_factory=set)
     #: a loop may draw its own batches or noise (see :func:`~.draws_flow.may_draw_batches`)
     may_draw_batches: bool = False
+    #: a function may lay a token stream out in columns (see :mod:`~.bptt`)
+    may_batchify: bool = False
     #: what its optimizers and backward passes train (see :mod:`distify.analysis.training`)
     training: Training = field(default_factory=Training)
 
@@ -91,6 +94,9 @@ def gather_facts(tree: ast.Module, source: bytes, rules: RuleSet) -> FileFacts:
                   if b"seed" in source else set())
     classes: list[ast.ClassDef] = []
     trains = b"backward" in source or b"optim" in source or b".step(" in source
+    reshapes = b".view(" in source or b".reshape(" in source
+    params: set[str] = set()  # every function's parameters
+    dims: set[str] = set()  # names that are a dimension of a `.view(a, b)`/`.reshape(a, b)`
 
     def each(node: ast.AST) -> None:
         if isinstance(node, ast.Name):
@@ -107,6 +113,7 @@ def gather_facts(tree: ast.Module, source: bytes, rules: RuleSet) -> FileFacts:
         elif isinstance(node, ast.arg):
             facts.names.add(node.arg)
             facts.bound.add(node.arg)
+            params.add(node.arg)
         elif isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)) and node.name:
             facts.names.add(node.name)
         elif isinstance(node, ast.MatchMapping) and node.rest:
@@ -119,6 +126,9 @@ def gather_facts(tree: ast.Module, source: bytes, rules: RuleSet) -> FileFacts:
                 (k.value for k in node.keywords if k.arg == "mode"), None)
             if isinstance(mode, ast.Constant) and writes_mode(mode.value):
                 facts.written_paths.add(ast.unparse(node.args[0]))
+        elif reshapes and isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr in RESHAPES:
+            dims.update(reshape_dim_names(node.args))
         elif seed_names and isinstance(node, ast.Call) and not facts.seeds \
                 and _last_name(node.func) in seed_names:
             facts.seeds = rules.match("seeds",
@@ -140,6 +150,7 @@ def gather_facts(tree: ast.Module, source: bytes, rules: RuleSet) -> FileFacts:
         facts.training = analyse(collected, facts.model_classes)
         facts.may_draw_batches = any(word in source for word in _DRAW_WORDS) \
             and may_draw_batches(tree, facts.imports)
+        facts.may_batchify = not params.isdisjoint(dims)
     facts.builds_loaders = any(name.rsplit(".", 1)[-1].encode() in source
                                for name in rules.names("dataloaders"))
     return facts

@@ -259,7 +259,7 @@ class LoopMixin(TransformerBase):
             self._report_unsharded(node)
 
     def _report_unsharded(self, node: cst.CSTNode) -> None:
-        if self._unsharded_loop_reported or self._fed_by_draws():  # see .randomness
+        if self._unsharded_loop_reported or self._fed_by_draws() or self._fed_by_stream():
             return
         self._unsharded_loop_reported = True
         self._edit(node, "data", "this training loop is not fed by a DataLoader: every process "

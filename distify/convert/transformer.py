@@ -21,8 +21,8 @@ What it rewrites (each rewrite is recorded as a :class:`Edit` for the report):
   splits of the data set (drawn from the main process's generator on every process).
 
 Each family lives in its own mixin: :mod:`.models`, :mod:`.prepare`, :mod:`.devices`, :mod:`.loops`,
-:mod:`.side_effects`, :mod:`.randomness` and :mod:`.batch_shapes` (their docstrings list their
-rewrites);
+:mod:`.side_effects`, :mod:`.randomness`, :mod:`.batch_shapes` and :mod:`.bptt` (their docstrings
+list their rewrites);
 :mod:`.base` holds the shared state, :mod:`.syntax` the node helpers.
 
 What it deliberately does not do: it never guesses. A training loop fed without a DataLoader,
@@ -38,6 +38,7 @@ from distify.analysis.evaluation import switches_to_eval
 from distify.analysis.names import dotted_name
 from distify.convert.base import Edit, TransformerBase
 from distify.convert.batch_shapes import BatchShapeMixin
+from distify.convert.bptt import StreamShardMixin
 from distify.convert.devices import DeviceMixin
 from distify.convert.loops import LoopMixin
 from distify.convert.models import ModelMixin
@@ -49,7 +50,7 @@ __all__ = ["DistifyTransformer", "Edit"]
 
 
 class DistifyTransformer(BatchShapeMixin, ModelMixin, PrepareMixin, DeviceMixin, LoopMixin,
-                         SideEffectMixin, RandomnessMixin, TransformerBase):
+                         SideEffectMixin, RandomnessMixin, StreamShardMixin, TransformerBase):
     """Rewrites one module in one pass. Each mixin owns one family of rewrites; this class
     dispatches calls and statements to them."""
 
@@ -190,6 +191,7 @@ class DistifyTransformer(BatchShapeMixin, ModelMixin, PrepareMixin, DeviceMixin,
 
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
         updated = self._batch_shape_call(original, updated)
+        updated = self._shard_stream_call(original, updated)
         result = self._leave_call(original, updated)
         if isinstance(original.func, cst.Attribute) and original.func.attr.value == "backward":
             self._note_backward(result)

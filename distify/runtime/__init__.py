@@ -29,6 +29,7 @@ from ._io import load, on_main_process, print, save, set_seed
 from ._model import sync_gradients, unwrap
 from ._precision import autocast, backward, clip_grad_norm_, clip_grad_value_
 from ._prepare import prepare
+from ._split import shard_stream
 from ._state import (
     device,
     init,
@@ -48,5 +49,5 @@ __all__ = [
     "local_rank", "local_world_size", "main_process_first", "mixed_precision", "on_main_process",
     "open", "prepare", "print", "rank", "reduce", "reduce_meters", "save", "set_seed",
     "shared_generator", "sync_gradients", "unwrap", "wait_for_everyone", "world_size",
-    "data_generator", "numpy_random", "python_random",
+    "data_generator", "numpy_random", "python_random", "shard_stream",
 ]
