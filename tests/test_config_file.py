@@ -119,6 +119,9 @@ def test_write_into_missing_folder_is_a_user_error(tmp_path):
         write_config(make_config(), tmp_path / "nope" / "c.yaml")
 
 
+_FSDP = ("distributed_type: FSDP\nnum_processes: 2\nmixed_precision: bf16\nfsdp_config:\n"
+         "  fsdp_version: 2\n")
+
 BAD = {
     "malformed-yaml": ("num_processes: 2\n  bad: [\n", r"c\.yaml:2:\d+: malformed YAML"),
     "tab-indent": ("a:\n\tb: 1\n", r"c\.yaml:2:1: malformed YAML"),
@@ -155,8 +158,28 @@ BAD = {
                      r"distributed_type: NO runs one process but num_processes is 4"),
     "max-restarts-in-file": ("distributed_type: 'NO'\nmax_restarts: 3\n",
                              r"max_restarts: not a config key .*pass --max_restarts"),
-    "accelerate-only": ("distributed_type: 'NO'\nfsdp_config:\n  fsdp_version: 2\n",
-                        r"fsdp_config: an Accelerate setting that distify launch does not support"),
+    "accelerate-only": ("distributed_type: 'NO'\ndeepspeed_config:\n  zero_stage: 2\n",
+                        r"c\.yaml:2:1: deepspeed_config: an Accelerate setting that distify "
+                        r"launch does not support"),
+    "fsdp-config-without-fsdp": ("distributed_type: 'NO'\nfsdp_config:\n  fsdp_version: 2\n",
+                                 r"fsdp_config: is set but distributed_type is NO; set "
+                                 r"distributed_type: FSDP"),
+    "fsdp-unknown-key": (_FSDP + "  fsdp_transformer_layer_cls_to_wrp: Block\n",
+                         r"c\.yaml:6:3: fsdp_config\.fsdp_transformer_layer_cls_to_wrp: unknown "
+                         r"key \(did you mean 'fsdp_transformer_layer_cls_to_wrap'\?\)"),
+    "fsdp-bad-policy": (_FSDP + "  fsdp_auto_wrap_policy: LAYER_WRAP\n",
+                        r"c\.yaml:6:3: fsdp_config\.fsdp_auto_wrap_policy: must be one of "
+                        r"TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP, NO_WRAP"),
+    "fsdp-hybrid": (_FSDP + "  fsdp_sharding_strategy: HYBRID_SHARD\n",
+                    r"fsdp_config\.fsdp_sharding_strategy: HYBRID_SHARD is not supported"),
+    "fsdp-bool": (_FSDP + "  fsdp_offload_params: 'yes'\n",
+                  r"fsdp_config\.fsdp_offload_params: must be true or false"),
+    "fsdp-classes": (_FSDP + "  fsdp_transformer_layer_cls_to_wrap: 'Block; Head'\n",
+                     r"fsdp_transformer_layer_cls_to_wrap: must be class names separated by "
+                     r"commas"),
+    "fsdp-version": (_FSDP + "  fsdp_version: 3\n", r"fsdp_version: must be 1 or 2"),
+    "fsdp-not-a-mapping": ("distributed_type: FSDP\nfsdp_config: [1]\n",
+                           r"c\.yaml:2:1: fsdp_config: must be a mapping"),
     "sagemaker": ("compute_environment: AMAZON_SAGEMAKER\ndistributed_type: 'NO'\n",
                   r"compute_environment: must be one of LOCAL_MACHINE"),
     "port-0-multinode": (("distributed_type: MULTI_GPU\nnum_machines: 2\nnum_processes: 2\n"

@@ -90,6 +90,7 @@ def test_interactive_answers(in_tmp, terminal):
         "4\n"
         "\n"           # GPUs: all
         "fp16\n"       # mixed precision
+        "\n"           # FSDP: no
         "\n"           # debug: no
     )
     result = run([], input=answers)
@@ -99,6 +100,46 @@ def test_interactive_answers(in_tmp, terminal):
     assert (cfg.num_machines, cfg.machine_rank, cfg.main_process_ip, cfg.main_process_port,
             cfg.rdzv_backend, cfg.num_processes, cfg.gpu_ids, cfg.mixed_precision,
             cfg.debug) == (2, 1, "10.0.0.1", 29500, "c10d", 4, "all", "fp16", False)
+
+
+def test_interactive_fsdp_answers(in_tmp, terminal):
+    answers = (
+        "\n"           # machines: 1
+        "n\n"          # CPU only?
+        "2\n"          # processes
+        "\n"           # GPUs: all
+        "bf16\n"       # mixed precision
+        "y\n"          # FSDP
+        "Block\n"      # the layer class
+        "\n"           # reshard after forward: yes
+        "\n"           # offload: no
+        "y\n"          # activation checkpointing
+        "\n"           # state dict: FULL_STATE_DICT
+        "\n"           # debug: no
+    )
+    result = run([], input=answers)
+    assert result.exit_code == 0, result.output
+    assert "mixed precision bf16, FSDP" in result.output
+    cfg = load_config(in_tmp / "distify_config.yaml")
+    assert cfg.distributed_type == "FSDP"
+    assert cfg.fsdp_config.as_mapping() == {
+        "fsdp_version": 2, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "fsdp_transformer_layer_cls_to_wrap": "Block", "fsdp_reshard_after_forward": True,
+        "fsdp_offload_params": False, "fsdp_activation_checkpointing": True,
+        "fsdp_state_dict_type": "FULL_STATE_DICT"}
+
+
+def test_fsdp_flags_without_a_terminal(in_tmp):
+    result = run(["--num_processes", "4", "--use_fsdp", "--fsdp_min_num_params", "1000",
+                  "--fsdp_auto_wrap_policy", "SIZE_BASED_WRAP", "--yes"])
+    assert result.exit_code == 0, result.output
+    cfg = load_config(in_tmp / "distify_config.yaml")
+    assert cfg.distributed_type == "FSDP" and cfg.num_processes == 4
+    assert cfg.fsdp_config.fsdp_min_num_params == 1000
+    assert cfg.fsdp_config.fsdp_auto_wrap_policy == "SIZE_BASED_WRAP"
+    assert cfg.fsdp_config.fsdp_activation_checkpointing is None  # not asked without a class
+    plain = run(["--num_processes", "4", "--yes", "--config_file", "plain.yaml"])
+    assert plain.exit_code == 0 and load_config(in_tmp / "plain.yaml").fsdp_config is None
 
 
 def test_interactive_skips_questions_answered_by_flags(in_tmp, terminal):
@@ -124,7 +165,7 @@ def test_interactive_default_processes_follow_local_gpus(in_tmp, terminal, monke
     monkeypatch.setattr(wizard, "_gpus", lambda: 4)
     result = run(["--num_machines", "2", "--main_process_ip", "h", "--machine_rank", "0",
                   "--main_process_port", "1234", "--rdzv_backend", "static"],
-                 input="\n" * 5)
+                 input="\n" * 6)  # the FSDP question too (8 processes)
     assert result.exit_code == 0, result.output
     assert "How many processes in total, over all machines? [8]" in result.output
     assert load_config(in_tmp / "distify_config.yaml").num_processes == 8

@@ -115,6 +115,29 @@ def test_cpu_and_debug_environment(script):
     assert env["DISTIFY_USE_CPU"] == "1"  # no --cpu given: the config's use_cpu stands
 
 
+def test_fsdp_options_and_config_become_accelerates_variables(script):
+    env, argv = dry_run("--num_processes", "2", "--use_fsdp",
+                        "--fsdp_transformer_layer_cls_to_wrap", "Block",
+                        "--fsdp-activation-checkpointing", "true", "train_dist.py")
+    assert argv[-1] == "train_dist.py"
+    assert {key: value for key, value in env.items() if "FSDP" in key or "STRATEGY" in key} == {
+        "DISTIFY_STRATEGY": "fsdp", "ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2",
+        "FSDP_TRANSFORMER_CLS_TO_WRAP": "Block", "FSDP_ACTIVATION_CHECKPOINTING": "true"}
+    # a config's fsdp_config, with an option on top; --cpu keeps it an FSDP job
+    write_config(make_config(num_processes=2, distributed_type="FSDP",
+                             fsdp_config={"fsdp_reshard_after_forward": False,
+                                          "fsdp_state_dict_type": "SHARDED_STATE_DICT"}),
+                 script.with_suffix(".yaml"))
+    env, _ = dry_run("--cpu", "--fsdp_offload_params", "false", "train_dist.py")
+    assert (env["ACCELERATE_USE_FSDP"], env["FSDP_RESHARD_AFTER_FORWARD"],
+            env["FSDP_STATE_DICT_TYPE"], env["FSDP_OFFLOAD_PARAMS"], env["DISTIFY_USE_CPU"]) == (
+        "true", "false", "SHARDED_STATE_DICT", "false", "1")
+    env, _ = dry_run("--num_processes", "4", "train_dist.py")
+    assert env["ACCELERATE_USE_FSDP"] == "true"  # more processes: still FSDP
+    bad = launch("--dry-run", "--fsdp_state_dict_type", "LOCAL", "train_dist.py")
+    assert bad.exit_code == 2 and "'LOCAL' is not one of 'FULL_STATE_DICT'" in bad.output
+
+
 def test_dry_run_quotes_for_the_shell(script, tmp_path):
     odd = tmp_path / "my script.py"
     odd.write_text("")
@@ -179,6 +202,10 @@ BAD = {
                                       r"needs --main_process_ip and --main_process_port"),
     "dry-run-and-slurm": (lambda d: ["--dry-run", "--slurm", "train_dist.py"],
                           r"--dry-run and --slurm both print"),
+    "fsdp-unknown-key": (lambda d: ["--config_file", write(
+        d / "c.yaml", "distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n"
+                      "  fsdp_wrap_class: Block\n"), "train_dist.py"],
+        r"c\.yaml:4:3: fsdp_config\.fsdp_wrap_class: unknown key"),
 }
 
 

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from distify.commands.launch import accelerate_option, config_options
+from distify.commands.launch import accelerate_option, config_options, fsdp_options
 
 DEFAULT_PATH = "distify_config.yaml"
 
@@ -21,6 +21,7 @@ def _stdin_is_terminal() -> bool:
 Examples:
   distify config                                    # answer the questions
   distify config --num_processes 8 --mixed_precision bf16 --yes
+  distify config --num_processes 8 --use_fsdp --fsdp_transformer_layer_cls_to_wrap Block --yes
   distify config --num_machines 2 --machine_rank 1 --main_process_ip 10.0.0.1 \\
       --num_processes 16 --config_file node1.yaml --yes
   distify launch --config_file distify_config.yaml train_dist.py
@@ -29,6 +30,7 @@ Examples:
 @accelerate_option("config_file", type=click.Path(dir_okay=False), default=DEFAULT_PATH,
                    show_default=True, help="Where to write the config.")
 @config_options
+@fsdp_options
 @click.option("--cpu/--no-cpu", " /--no_cpu", "use_cpu", default=None,
               help="Run on CPUs only, even where GPUs are present.")
 @click.option("--debug/--no-debug", " /--no_debug", "debug", default=None,
@@ -48,6 +50,7 @@ def config(config_file: str, yes: bool, **answers: object) -> None:
     cfg = run_wizard(answers, interactive=not yes and _stdin_is_terminal())
     write_config(cfg, config_file)
     machines = f"{cfg.num_machines} machines" if cfg.num_machines > 1 else "1 machine"
+    sharded = ", FSDP" if cfg.distributed_type == "FSDP" else ""
     click.echo(f"distify: wrote {config_file} ({cfg.num_processes} process(es) on {machines}, "
-               f"mixed precision {cfg.mixed_precision})")
+               f"mixed precision {cfg.mixed_precision}{sharded})")
     click.echo(f"Launch with: distify launch --config_file {config_file} SCRIPT")

@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from distify.errors import UserError
+from distify.launch import fsdp
 
 
 def accelerate_option(name: str, *decls: str, **kwargs):
@@ -42,6 +43,38 @@ def config_options(func):
     return func
 
 
+def fsdp_options(func):
+    """FSDP's options (Accelerate's names), shared by `launch` and `config`: any of them makes
+    the job an FSDP one (``distributed_type: FSDP``)."""
+    options = [
+        accelerate_option("use_fsdp", is_flag=True, default=None,
+                          help="Shard the model, its gradients and optimizer state over the "
+                               "processes (FSDP2) instead of replicating it (DDP)."),
+        accelerate_option("fsdp_version", type=click.IntRange(1, 2),
+                          help="Accepted for Accelerate's configs; distify runs FSDP2."),
+        accelerate_option("fsdp_auto_wrap_policy", type=click.Choice(fsdp.WRAP_POLICIES),
+                          help="Which sub-modules are sharded on their own."),
+        accelerate_option("fsdp_transformer_layer_cls_to_wrap",
+                          help="Layer classes sharded on their own, e.g. Block (comma-separated)."),
+        accelerate_option("fsdp_min_num_params", type=click.IntRange(0),
+                          help="SIZE_BASED_WRAP: parameters for a sub-module to be sharded alone."),
+        accelerate_option("fsdp_reshard_after_forward", type=click.BOOL,
+                          help="Free gathered weights after each forward (default true)."),
+        accelerate_option("fsdp_offload_params", type=click.BOOL,
+                          help="Keep the sharded weights on the CPU."),
+        accelerate_option("fsdp_activation_checkpointing", type=click.BOOL,
+                          help="Recompute the wrapped layers' activations in the backward."),
+        accelerate_option("fsdp_state_dict_type", type=click.Choice(fsdp.STATE_DICT_TYPES),
+                          help="What distify.save_state writes: full weights or one shard per "
+                               "process."),
+        accelerate_option("fsdp_sharding_strategy", type=click.Choice(fsdp.SHARDING_STRATEGIES),
+                          help="FSDP1's name for reshard_after_forward (FULL_SHARD: true)."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
 @click.command(
     name="launch",
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
@@ -53,6 +86,8 @@ Examples:
       --main_process_ip 10.0.0.1 --main_process_port 29500 train_dist.py
   distify launch --dry-run train_dist.py            # print the torchrun command
   distify launch --debug train_dist.py              # fail fast on mismatched collectives
+  distify launch --use_fsdp --fsdp_transformer_layer_cls_to_wrap Block train_dist.py
+                                                    # shard the model (FSDP2), layer by layer
   distify launch --slurm --num_machines 4 train_dist.py > job.sbatch
                                                     # 1 process per node from a login node
                                                     # without GPUs; --num_processes 32 for 8
@@ -74,6 +109,7 @@ Examples:
                    help="Launch config (YAML, Accelerate's schema). Default: the script's "
                         "sibling <stem>.yaml when present, else all local GPUs (or 1 process).")
 @config_options
+@fsdp_options
 @click.option("--cpu", "use_cpu", is_flag=True, default=None,
               help="Run on CPUs (Gloo) even where GPUs are present.")
 @click.option("--debug", "debug", is_flag=True, default=None,
@@ -217,5 +253,6 @@ def _summary(cfg) -> str:
              "every GPU (CPU where none)" if cfg.gpu_ids == "all" else f"GPUs {cfg.gpu_ids}")
     machines = (f"{cfg.num_machines} machines, this one rank {cfg.machine_rank}"
                 if cfg.num_machines > 1 else "1 machine")
+    sharded = "; FSDP (sharded model)" if cfg.distributed_type == "FSDP" else ""
     return (f"{cfg.num_processes} process(es) on {machines}; {where}; "
-            f"mixed precision {cfg.mixed_precision}")
+            f"mixed precision {cfg.mixed_precision}{sharded}")

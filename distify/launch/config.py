@@ -10,9 +10,10 @@ What it deliberately does not do:
 - Keep distify-only settings in the file. Accelerate's reader rejects unknown keys, so
   ``max_restarts`` lives on :class:`LaunchConfig` (set from ``--max_restarts``) but is never
   written; a file that contains it gets an error that says to use the option instead.
-- Support Accelerate's DeepSpeed, FSDP, Megatron, TPU, dynamo or FP8 settings. A file that sets
-  one of them is refused with an error naming the key (never silently ignored); the same keys
-  left empty, as ``accelerate config`` often writes them, are accepted and dropped.
+- Support Accelerate's DeepSpeed, Megatron, TPU, dynamo or FP8 settings. A file that sets one of
+  them is refused with an error naming the key (never silently ignored); the same keys left
+  empty, as ``accelerate config`` often writes them, are accepted and dropped. FSDP is
+  supported (``distributed_type: FSDP`` with an ``fsdp_config``: see :mod:`.fsdp`).
 - Import torch. GPUs are counted from ``CUDA_VISIBLE_DEVICES`` and ``nvidia-smi -L``.
 """
 
@@ -32,8 +33,10 @@ import yaml
 
 from distify.errors import UserError
 from distify.fsutil import atomic_write_text
+from distify.launch import fsdp
+from distify.launch.fsdp import FsdpConfig
 
-DISTRIBUTED_TYPES = ("NO", "MULTI_GPU", "MULTI_CPU")
+DISTRIBUTED_TYPES = ("NO", "MULTI_GPU", "MULTI_CPU", "FSDP")
 MIXED_PRECISIONS = ("no", "fp16", "bf16")
 RDZV_BACKENDS = ("static", "c10d")
 
@@ -45,7 +48,8 @@ class LaunchConfig:
     ``num_processes`` is the total over all machines; each machine runs
     ``num_processes // num_machines`` of them. ``distributed_type`` is ``NO`` for one process,
     ``MULTI_CPU`` when forced onto CPUs, else ``MULTI_GPU`` (which on a machine without GPUs still
-    means "N torchrun workers": the runtime falls back to CPU and Gloo).
+    means "N torchrun workers": the runtime falls back to CPU and Gloo), or ``FSDP`` for sharded
+    models (with its ``fsdp_config``; on CPUs too, with Gloo).
     ``max_restarts`` is distify's own and is never written to the file.
     """
 
@@ -68,6 +72,7 @@ class LaunchConfig:
     tpu_use_sudo: bool = False
     tpu_env: tuple[str, ...] = ()
     enable_cpu_affinity: bool = False
+    fsdp_config: FsdpConfig | None = None
     max_restarts: int = 0
 
     @property
@@ -88,7 +93,7 @@ FILE_KEYS = tuple(f.name for f in dataclasses.fields(LaunchConfig) if f.name not
 # Keys Accelerate knows that distify does not support. Left empty (as `accelerate config` writes
 # them) they mean nothing and are dropped; set, they are refused.
 _ACCELERATE_ONLY = frozenset({
-    "deepspeed_config", "fsdp_config", "megatron_lm_config", "parallelism_config", "fp8_config",
+    "deepspeed_config", "megatron_lm_config", "parallelism_config", "fp8_config",
     "mpirun_config", "dynamo_config", "dynamo_backend", "fp16", "tpu_name", "tpu_zone",
     "command_file", "commands", "tpu_vm",
 })
@@ -147,9 +152,15 @@ def with_overrides(cfg: LaunchConfig, **overrides: object) -> LaunchConfig:
         UserError: the combination is invalid (the message names the setting).
     """
     given = {k: v for k, v in overrides.items() if v is not None}
+    sharding = {k: given.pop(k) for k in list(given) if k.startswith("fsdp_")}
+    use_fsdp = given.pop("use_fsdp", False)
     merged = {**_as_mapping(cfg), **given}
+    if use_fsdp or sharding:
+        merged["distributed_type"] = "FSDP"
+        current = cfg.fsdp_config.as_mapping() if cfg.fsdp_config is not None else {}
+        merged["fsdp_config"] = {**current, **sharding}
     if {"num_processes", "num_machines", "use_cpu"} & given.keys():
-        merged["distributed_type"] = _derive_type(cfg.distributed_type, merged)
+        merged["distributed_type"] = _derive_type(str(merged["distributed_type"]), merged)
     try:
         return _build(merged)
     except _Invalid as err:
@@ -258,6 +269,8 @@ def write_config(cfg: LaunchConfig, path: str | os.PathLike) -> None:
 def _file_mapping(cfg: LaunchConfig) -> dict[str, object]:
     data = {key: value for key, value in _as_mapping(cfg).items() if key in FILE_KEYS}
     data["tpu_env"] = list(cfg.tpu_env)
+    if cfg.fsdp_config is not None:
+        data["fsdp_config"] = cfg.fsdp_config.as_mapping()
     # Accelerate leaves unset optional settings out of the file.
     return {key: value for key, value in data.items() if value is not None}
 
@@ -290,6 +303,8 @@ def _file_settings(data: dict) -> dict[str, object]:
 
 
 def _derive_type(current: str, settings: Mapping[str, object]) -> str:
+    if current == "FSDP":  # how to distribute, whatever the number of processes or devices
+        return current
     if settings.get("num_processes", 1) == 1 and settings.get("num_machines", 1) == 1:
         return "NO"
     if settings.get("use_cpu"):
@@ -334,6 +349,11 @@ def _checked_value(key: str, value: object) -> object:
         if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
             raise _Invalid(key, f"must be a list of strings, got {value!r}")
         value = tuple(value)
+    if key == "fsdp_config" and not isinstance(value, FsdpConfig):
+        try:
+            value = fsdp.parse(value) if value else None  # `fsdp_config: {}`: not FSDP
+        except fsdp.FsdpError as err:
+            raise _Invalid(err.key, err.message) from None
     return value
 
 
@@ -364,6 +384,9 @@ def _check_consistency(cfg: LaunchConfig) -> None:
     if cfg.machine_rank >= cfg.num_machines:
         raise _Invalid("machine_rank", f"{cfg.machine_rank} must be below num_machines "
                                        f"({cfg.num_machines}); machines count from 0")
+    if cfg.fsdp_config is not None and cfg.distributed_type != "FSDP":
+        raise _Invalid("fsdp_config", f"is set but distributed_type is {cfg.distributed_type}; "
+                                      "set distributed_type: FSDP, or remove fsdp_config")
     if cfg.distributed_type == "NO" and cfg.num_processes > 1:
         raise _Invalid("distributed_type", f"NO runs one process but num_processes is "
                                            f"{cfg.num_processes}; use MULTI_GPU or MULTI_CPU")
@@ -378,13 +401,20 @@ def _check_consistency(cfg: LaunchConfig) -> None:
 
 
 def _key_position(text: str, key: str) -> tuple[int | None, int | None]:
-    """1-based line and column of ``key`` in the top-level mapping of ``text``, if found."""
+    """1-based line and column of ``key`` in ``text``: a top-level key, or ``outer.inner`` in a
+    nested mapping (``fsdp_config.fsdp_version``); the outer key's when the inner is absent."""
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError:
         return None, None
-    if isinstance(root, yaml.MappingNode):
-        for key_node, _ in root.value:
-            if getattr(key_node, "value", None) == key:
-                return key_node.start_mark.line + 1, key_node.start_mark.column + 1
-    return None, None
+    found = None
+    for part in key.split("."):
+        if not isinstance(node, yaml.MappingNode):
+            break
+        match = next(((k, v) for k, v in node.value if getattr(k, "value", None) == part), None)
+        if match is None:
+            break
+        found, node = match
+    if found is None:
+        return None, None
+    return found.start_mark.line + 1, found.start_mark.column + 1

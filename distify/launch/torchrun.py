@@ -31,6 +31,7 @@ from pathlib import Path
 
 from distify.errors import UserError
 from distify.launch.config import LaunchConfig
+from distify.launch.fsdp import FsdpConfig
 
 TORCHRUN = ("-m", "torch.distributed.run")
 _FORWARDED = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP")
@@ -96,6 +97,10 @@ def launch_env(cfg: LaunchConfig) -> dict[str, str]:
         env["ACCELERATE_DEBUG_MODE"] = "true"
         # distify's runtime: the ranks' collectives are fingerprinted and their weights compared.
         env["DISTIFY_DEBUG"] = "1"
+    if cfg.distributed_type == "FSDP":
+        # Accelerate's variables, which the runtime reads (so `accelerate launch` works too).
+        env["DISTIFY_STRATEGY"] = "fsdp"
+        env.update((cfg.fsdp_config or FsdpConfig()).env())
     return env
 
 

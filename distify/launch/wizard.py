@@ -5,7 +5,12 @@ A question answered by a flag is not asked; without a terminal every other quest
 default, and a question with no default (the main machine's address) must come as a flag.
 Answers are checked as they are given, so a terminal user is asked again rather than stopped.
 
-What it deliberately does not ask: Accelerate's DeepSpeed/FSDP/TPU/dynamo questions (distify
+With several processes it asks whether to shard the model with FSDP, and then FSDP's main
+settings (the layer class to shard on its own, resharding after forward, CPU offload, activation
+checkpointing, the state dict type); the others keep their defaults, and can be set with their
+flags (``--fsdp_min_num_params``, ...).
+
+What it deliberately does not ask: Accelerate's DeepSpeed/TPU/dynamo questions (distify
 launch does not support them), ``same_network`` (torchrun needs nothing from it), and
 ``max_restarts`` (Accelerate refuses it in a config file: pass it to ``distify launch``).
 """
@@ -26,6 +31,7 @@ from distify.launch.config import (
     local_gpu_count,
     make_config,
 )
+from distify.launch.fsdp import STATE_DICT_TYPES
 
 Answers = Mapping[str, object]
 
@@ -64,6 +70,10 @@ def _several(answers: Answers) -> bool:
     return answers["num_machines"] > 1
 
 
+def _fsdp(answers: Answers) -> bool:
+    return bool(answers.get("use_fsdp"))
+
+
 def _per_node(answers: Answers) -> int:
     return answers["num_processes"] // answers["num_machines"]
 
@@ -98,6 +108,25 @@ QUESTIONS = (
              _gpu_ids_type, lambda a: "all", lambda a: not a["use_cpu"]),
     Question("mixed_precision", "Mixed precision?", lambda a: click.Choice(MIXED_PRECISIONS),
              lambda a: "no"),
+    Question("use_fsdp", "Shard the model's weights, gradients and optimizer state over the "
+                         "processes with FSDP (for a model that does not fit one GPU)?",
+             lambda a: bool, lambda a: False, lambda a: a["num_processes"] > 1),
+    Question("fsdp_transformer_layer_cls_to_wrap", "FSDP: the model's layer class to shard on "
+                                                   "its own (e.g. Block; blank: the whole model "
+                                                   "at once)?",
+             lambda a: click.STRING, lambda a: "", _fsdp),
+    Question("fsdp_reshard_after_forward", "FSDP: free each layer's gathered weights after its "
+                                           "forward (less memory, more communication)?",
+             lambda a: bool, lambda a: True, _fsdp),
+    Question("fsdp_offload_params", "FSDP: keep the sharded weights on the CPU (offload)?",
+             lambda a: bool, lambda a: False, _fsdp),
+    Question("fsdp_activation_checkpointing", "FSDP: recompute each layer's activations in the "
+                                              "backward (activation checkpointing)?",
+             lambda a: bool, lambda a: False,
+             lambda a: _fsdp(a) and bool(a["fsdp_transformer_layer_cls_to_wrap"])),
+    Question("fsdp_state_dict_type", "FSDP: what distify.save_state writes (full weights on the "
+                                     "main process, or one shard per process)?",
+             lambda a: click.Choice(STATE_DICT_TYPES), lambda a: "FULL_STATE_DICT", _fsdp),
     Question("debug", "Check distributed operations for mismatches while running (slower)?",
              lambda a: bool, lambda a: False),
 )
@@ -118,7 +147,24 @@ def run_wizard(given: Answers, *, interactive: bool) -> LaunchConfig:
         if question.when(answers):
             answers[question.key] = _answer(question, answers, given.get(question.key),
                                             interactive)
-    return make_config(**answers)
+    return make_config(**_with_fsdp(answers, given))
+
+
+def _with_fsdp(answers: Answers, given: Answers) -> dict[str, object]:
+    """The answers as config settings: the FSDP ones (and any other ``--fsdp_*`` flag) in an
+    ``fsdp_config`` of ``distributed_type: FSDP``."""
+    settings = {key: value for key, value in answers.items()
+                if key != "use_fsdp" and not key.startswith("fsdp_")}
+    if not answers.get("use_fsdp", given.get("use_fsdp")):
+        return settings
+    sharding = {key: value for key, value in {**given, **answers}.items()
+                if key.startswith("fsdp_") and value not in (None, "")}
+    classes = sharding.get("fsdp_transformer_layer_cls_to_wrap")
+    sharding.setdefault("fsdp_auto_wrap_policy",
+                        "TRANSFORMER_BASED_WRAP" if classes else "NO_WRAP")
+    sharding.setdefault("fsdp_version", 2)
+    settings.update(distributed_type="FSDP", fsdp_config=sharding)
+    return settings
 
 
 def _answer(question: Question, answers: Answers, given: object, interactive: bool) -> object:

@@ -50,39 +50,52 @@ class BufferSync:
 
     def broadcast_from_main(self) -> None:
         """Overwrite this rank's training-mode buffers with the main process's."""
-        groups: dict[torch.device, dict[torch.dtype, list[torch.Tensor]]] = {}
-        for module, name in self.places:
-            buffer = module._buffers.get(name) if module.training else None
-            if buffer is not None and buffer.layout is torch.strided and (
-                    buffer.is_floating_point() or buffer.dtype in _INTEGERS):
-                groups.setdefault(buffer.device, {}).setdefault(buffer.dtype, []).append(buffer)
-        for by_dtype in groups.values():
-            self._broadcast(by_dtype)
+        buffers = [module._buffers.get(name) for module, name in self.places if module.training]
+        broadcast_from_main([buffer for buffer in buffers if buffer is not None],
+                            f"broadcast_buffers({self.class_name}")
 
-    def _broadcast(self, by_dtype: dict[torch.dtype, list[torch.Tensor]]) -> None:
-        # One broadcast of bytes for every dtype. Widest elements first, so that each dtype's
-        # bytes start at a multiple of its element size and can be viewed back as it.
-        dtypes = sorted(by_dtype, key=lambda dtype: -by_dtype[dtype][0].element_size())
-        with torch.no_grad():
-            flats = [_flatten_dense_tensors(by_dtype[dtype]) for dtype in dtypes]
-            packed = torch.cat([flat.view(torch.uint8) for flat in flats])
-            if _state.settings().debug:
-                count = sum(len(buffers) for buffers in by_dtype.values())
-                _debug.check(f"broadcast_buffers({self.class_name}, {count} tensors, "
-                             f"{packed.numel()} bytes)")
-            dist.broadcast(packed, src=0)
-            if _state.rank() == 0:
-                return
-            chunks = packed.split([flat.numel() * flat.element_size() for flat in flats])
-            for dtype, chunk in zip(dtypes, chunks):
-                buffers = by_dtype[dtype]
-                # Through ``.data``, which autograd does not count: the forward saved these
-                # buffers for its backward (BatchNorm's running statistics are inputs of its
-                # backward), which would refuse a counted in-place write. In training mode
-                # BatchNorm's backward uses the batch statistics, not the running ones, so
-                # the new values do not change its gradients.
-                torch._foreach_copy_([buffer.data for buffer in buffers],
-                                     _unflatten_dense_tensors(chunk.view(dtype), buffers))
+
+def broadcast_from_main(tensors: list[torch.Tensor], what: str) -> None:
+    """Overwrite ``tensors`` on this rank with the main process's, in place: one broadcast
+    per device, of all their bytes (floating-point and integer tensors; others are skipped).
+
+    Args:
+        tensors: the same tensors, in the same order, on every rank.
+        what: names the call in debug mode, e.g. ``"broadcast_buffers(Net"`` (the counts are
+            appended).
+    """
+    groups: dict[torch.device, dict[torch.dtype, list[torch.Tensor]]] = {}
+    for tensor in tensors:
+        if tensor.layout is torch.strided and (tensor.is_floating_point()
+                                               or tensor.dtype in _INTEGERS):
+            groups.setdefault(tensor.device, {}).setdefault(tensor.dtype, []).append(tensor)
+    for by_dtype in groups.values():
+        _broadcast(by_dtype, what)
+
+
+def _broadcast(by_dtype: dict[torch.dtype, list[torch.Tensor]], what: str) -> None:
+    # One broadcast of bytes for every dtype. Widest elements first, so that each dtype's
+    # bytes start at a multiple of its element size and can be viewed back as it.
+    dtypes = sorted(by_dtype, key=lambda dtype: -by_dtype[dtype][0].element_size())
+    with torch.no_grad():
+        flats = [_flatten_dense_tensors(by_dtype[dtype]) for dtype in dtypes]
+        packed = torch.cat([flat.view(torch.uint8) for flat in flats])
+        if _state.settings().debug:
+            count = sum(len(tensors) for tensors in by_dtype.values())
+            _debug.check(f"{what}, {count} tensors, {packed.numel()} bytes)")
+        dist.broadcast(packed, src=0)
+        if _state.rank() == 0:
+            return
+        chunks = packed.split([flat.numel() * flat.element_size() for flat in flats])
+        for dtype, chunk in zip(dtypes, chunks):
+            tensors = by_dtype[dtype]
+            # Through ``.data``, which autograd does not count: the forward saved these
+            # buffers for its backward (BatchNorm's running statistics are inputs of its
+            # backward), which would refuse a counted in-place write. In training mode
+            # BatchNorm's backward uses the batch statistics, not the running ones, so
+            # the new values do not change its gradients.
+            torch._foreach_copy_([tensor.data for tensor in tensors],
+                                 _unflatten_dense_tensors(chunk.view(dtype), tensors))
 
 
 def for_model(model: nn.Module, class_name: str) -> BufferSync | None:

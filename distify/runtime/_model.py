@@ -174,6 +174,10 @@ def prepare_model(model: nn.Module, device_placement: bool = True) -> nn.Module:
     distributed = _strategy.current().distribute(model) if settings.world_size > 1 and any(
         p.requires_grad for p in model.parameters()) else None
     swap_class(model, _PreparedModelMixin, original=user_class)
+    if hasattr(type(model), "_orig_cls_mro_index"):
+        # FSDP's class (``FSDP<Class>``) finds the user's class by its place in the MRO, to
+        # build a plain one (indexing a sharded Sequential): one place further now.
+        type(model)._orig_cls_mro_index = type(model).__mro__.index(user_class)
     buffers = None if distributed is None else _buffers.for_model(model, user_class.__name__)
     set_private_state(model, _ModelState(distributed, buffers))
     _book().models.add(model)

@@ -161,4 +161,4 @@ def as_list(parameters: torch.Tensor | Iterable[torch.Tensor]) -> list[torch.Ten
 
 
 # The strategies register themselves on import.
-from . import _ddp  # noqa: E402, F401
+from . import _ddp, _fsdp  # noqa: E402, F401
