@@ -468,11 +468,12 @@ def test_reloading_a_checkpoint_just_saved_reads_the_new_one_on_every_process(ru
         assert got_loss == pytest.approx(want_loss, abs=2e-4)
 
 
-def test_project_report_flags_the_exit_on_a_non_finite_loss() -> None:
+def test_project_decides_the_exit_on_a_non_finite_loss_alike_on_every_process() -> None:
     result = convert_source((PROJECT / "engine.py").read_bytes(), "engine.py")
     lines = result.output.decode().splitlines()
-    assert [lines[note.line - 1].strip() for note in result.notes
-            if note.kind == "divergence"] == ["if not math.isfinite(loss_value):"]
+    assert not [note for note in result.notes if note.kind == "divergence"]
+    assert [lines[change.line - 1].strip() for change in result.changes
+            if change.kind == "stop"] == ["if distify.any_process(not math.isfinite(loss_value)):"]
 
 
 MODULE_BEFORE_PREPARE = '''\

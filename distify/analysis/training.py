@@ -64,6 +64,8 @@ class Training:
     #: scope → ordinals of the ``.backward()`` calls on a loss from a model's method
     #: (``model.compute_loss(...)``): that forward does not go through DDP
     method_losses: dict[Scope, dict[int, str]] = field(default_factory=dict)
+    #: the functions (and the module, ``()``) that run a backward pass themselves
+    backward_scopes: set[Scope] = field(default_factory=set)
 
 
 @dataclass
@@ -549,6 +551,8 @@ def analyse(collector: _Collector, model_classes: set[str]) -> Training:
         for models in optimizers.values():
             covered.update(flow.origin(scope, m) for m in models)
     for scope in collector.scopes.values():
+        if scope.backwards:
+            training.backward_scopes.add(scope.path)
         for ordinal, loss in enumerate(scope.backwards):
             models, method = flow.models_of_loss(scope, loss)
             if method is not None:

@@ -68,7 +68,6 @@ class _Loop:
     gathered: set[str] = field(default_factory=set)
     assigned: set[str] = field(default_factory=set)
     has_backward: bool = False
-    breaks: list[tuple[cst.CSTNode, str]] = field(default_factory=list)
     #: ``if (i + 1) % accum == 0: optimizer.step()`` tests (gradient accumulation)
     step_tests: list[cst.BaseExpression] = field(default_factory=list)
     targets: set[str] = field(default_factory=set)

@@ -7,8 +7,8 @@
   the loop, so metrics equal the single-process values;
 - ``if (i + 1) % accum == 0: optimizer.step()`` → ``rt.sync_gradients(...)`` at the top of the
   loop, so DDP communicates only on the micro-step that steps;
-- reported, not rewritten: a data-dependent ``break`` in a training loop, a training loop not fed
-  by a DataLoader, predictions collected into lists.
+- reported, not rewritten: a training loop not fed by a DataLoader, predictions collected into
+  lists. (Data-dependent exits from training loops are :mod:`.stops`'.)
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from distify.convert.syntax import (
     _has_modulo,
     _is_method_call,
     _is_rt_call,
-    _leaves_loop,
     _names_in,
     _strip_parens,
 )
@@ -44,7 +43,6 @@ class LoopMixin(TransformerBase):
 
     def leave_For(self, original: cst.For, updated: cst.For):
         loop = self._loops.pop()
-        self._report_breaks(loop)
         if loop.has_backward and len(loop.step_tests) == 1:
             updated = self._sync_on_step(updated, loop)
         if not loop.loaderish:
@@ -193,7 +191,7 @@ class LoopMixin(TransformerBase):
         self._loops.append(_Loop(loaderish=False))
 
     def leave_While(self, original: cst.While, updated: cst.While) -> cst.While:
-        self._report_breaks(self._loops.pop())
+        self._loops.pop()
         return updated
 
     def _sync_on_step(self, loop_node: cst.For, loop: _Loop) -> cst.For:
@@ -211,24 +209,9 @@ class LoopMixin(TransformerBase):
     def visit_If(self, node: cst.If) -> None:
         if self._loops and _has_modulo(node.test) and _calls_method(node.body, "step"):
             self._loops[-1].step_tests.append(node.test)
-        if not self._loops or not _leaves_loop(node.body, self._is_exit):
-            return
-        used = _names_in(node.test)
-        dependent = sorted(used & self._loops[-1].assigned)
-        if dependent:
-            self._loops[-1].breaks.append((node, ", ".join(dependent)))
 
     def _is_exit(self, call: cst.Call) -> bool:
         return self.rules.match("process_exits", self._qual(call.func)) is not None
-
-    def _report_breaks(self, loop: _Loop) -> None:
-        if not loop.has_backward:
-            return
-        for node, names in loop.breaks:
-            self._edit(node, "divergence", f"data-dependent exit from a training loop "
-                       f"(depends on {names}): processes may leave at different steps and hang; "
-                       f"decide on a reduced value, e.g. `{self.rt}.reduce(x, op='mean')`",
-                       human=True)
 
     def visit_AugAssign(self, node: cst.AugAssign) -> None:
         self._count_assignment(node.target)
@@ -260,6 +243,8 @@ class LoopMixin(TransformerBase):
 
     def _report_unsharded(self, node: cst.CSTNode) -> None:
         if self._unsharded_loop_reported or self._fed_by_draws() or self._fed_by_stream():
+            return
+        if self._reported_full_batch(node):  # see .full_batch
             return
         self._unsharded_loop_reported = True
         self._edit(node, "data", "this training loop is not fed by a DataLoader: every process "

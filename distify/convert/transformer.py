@@ -40,17 +40,20 @@ from distify.convert.base import Edit, TransformerBase
 from distify.convert.batch_shapes import BatchShapeMixin
 from distify.convert.bptt import StreamShardMixin
 from distify.convert.devices import DeviceMixin
+from distify.convert.full_batch import FullBatchMixin
 from distify.convert.loops import LoopMixin
 from distify.convert.models import ModelMixin
 from distify.convert.prepare import PrepareMixin
 from distify.convert.randomness import RandomnessMixin
 from distify.convert.side_effects import SideEffectMixin
+from distify.convert.stops import StopMixin
 
 __all__ = ["DistifyTransformer", "Edit"]
 
 
-class DistifyTransformer(BatchShapeMixin, ModelMixin, PrepareMixin, DeviceMixin, LoopMixin,
-                         SideEffectMixin, RandomnessMixin, StreamShardMixin, TransformerBase):
+class DistifyTransformer(BatchShapeMixin, ModelMixin, PrepareMixin, DeviceMixin, StopMixin,
+                         FullBatchMixin, LoopMixin, SideEffectMixin, RandomnessMixin,
+                         StreamShardMixin, TransformerBase):
     """Rewrites one module in one pass. Each mixin owns one family of rewrites; this class
     dispatches calls and statements to them."""
 
@@ -163,9 +166,7 @@ class DistifyTransformer(BatchShapeMixin, ModelMixin, PrepareMixin, DeviceMixin,
 
     def leave_If(self, original: cst.If, updated: cst.If):
         """An ``if`` whose whole body was device pinning goes away with it."""
-        for loop in self._loops:  # re-anchor a recorded break on the output node
-            loop.breaks = [(updated.test if node is original else node, names)
-                           for node, names in loop.breaks]
+        for loop in self._loops:  # re-anchor a recorded step test on the output node
             loop.step_tests = [updated.test if test is original.test else test
                                for test in loop.step_tests]
         body = updated.body.body

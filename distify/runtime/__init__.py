@@ -22,6 +22,7 @@ from ._collectives import (
     shared_generator,
     wait_for_everyone,
 )
+from ._decisions import all_processes, any_process
 from ._draws import data_generator, numpy_random, python_random
 from ._errors import DistifyError, DistifyTypeError
 from ._files import open
@@ -50,4 +51,5 @@ __all__ = [
     "open", "prepare", "print", "rank", "reduce", "reduce_meters", "save", "set_seed",
     "shared_generator", "sync_gradients", "unwrap", "wait_for_everyone", "world_size",
     "data_generator", "numpy_random", "python_random", "shard_stream",
+    "any_process", "all_processes",
 ]

@@ -1,0 +1,829 @@
+"""Exits from training loops that processes may take at different steps (issue 12 item 7).
+
+A converted script's processes train on different batches, so a test on what they compute
+(``if loss.item() < 1.0: break``, ``if running_reward > goal: break``, ``while loss > eps:``,
+``if not math.isfinite(loss): sys.exit(1)``) can come out differently on each: one process
+leaves the loop, the others wait for it in DDP's next gradient all-reduce, and the job hangs.
+Such a test must be decided on a value every process agrees on, which takes a collective in the
+test, and a collective is safe only where every process reaches it the same number of times
+(guarantee 5). This pass looks at one loop nest, as the rewrite has left it (so the reduces it
+added after evaluation loops are there to see), and says, for each exit from a loop that trains
+whose test reads a per-process value, whether the test can be decided alike there and how.
+
+**Per-process values.** Flow-sensitive, within the nest: a name holds a per-process value after
+it is assigned from one, from a call that is not known to be pure (a model, ``get_batch()``,
+``env.step(a)``, ``time.time()``), from a batch of a DataLoader the loop iterates, or inside a
+branch or loop that processes may take differently; it holds one value on every process again
+after an assignment from constants, counters, uniform names or a collective
+(``x = rt.reduce(x)``, ``rt.reduce_meters(m)``). Values carried around a loop are joined with
+what entered it. Names the nest never assigns are taken to be equal on every process (settings,
+``args.dry_run``, the data set, a step counter set before the loop); that is the assumption that
+makes a single-GPU script's set-up code the same everywhere.
+
+**Where a collective is safe.** A test at position P is reached alike when, from the nest's
+start to P, every enclosing ``if`` tests a value equal on every process (or a test this pass
+makes so), no ``continue`` that only some processes take came before P in its loop, P is not in
+an exception handler, and every enclosing loop runs the same number of iterations on every
+process. A loop does when its source does and every exit from it is decided alike (by induction
+over its iterations: all processes start iteration k, reach each exit test together, take the
+same decision). A loop's source is alike when it iterates ``range(...)``/``count()`` or
+another value equal on every process, a DataLoader in a loop that trains (prepared training
+shards are padded to equal length; iterable datasets stop together), ``while True`` or a
+``while`` test decided alike; or whatever it iterates, when it runs a backward on every step,
+since DDP's gradient all-reduce then already needs the same number of steps everywhere. Not
+alike: an evaluation loop over a DataLoader (its shards differ by up to one batch), a loop over a
+per-process value. The demotions (an exit that cannot be decided alike makes its loop uneven,
+which makes every exit inside it unsafe) are iterated to a fixed point.
+
+**How a test is decided.** One ordering comparison of a per-process value with one equal
+everywhere (``loss.item() < 1.0``, ``running_reward > goal``, ``loss > eps``) compares the mean
+over the processes instead: the global batch's value when the batches are equal in size, what
+one process training on all of them would see. Any other test (``and``/``or``, a call such as
+``math.isfinite(loss)``, ``==``, two per-process values) is decided whole: an exit is taken by
+every process as soon as any process's test says so (``any_process``; ``all_processes`` for a
+``while`` test), so none trains on alone.
+
+What it does not do: follow values into other functions (a function's result is per process
+unless its callee is known to be pure), reason about exceptions other than as per-process, or
+look at exits from loops that do not train (evaluation loops may end unevenly; nothing there
+waits for a gradient all-reduce).
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+import libcst as cst
+
+from distify.analysis.names import dotted_name
+
+Action = Literal["reduce", "any", "all", "note"]
+
+#: runtime calls whose result is the same on every process, whatever their arguments
+_AGREED = frozenset({"reduce", "any_process", "all_processes", "broadcast_object", "gather",
+                     "gather_for_metrics", "world_size"})
+#: builtins and library functions whose result depends on their arguments only
+_PURE_FUNCTIONS = frozenset({
+    "abs", "all", "any", "bool", "dict", "divmod", "enumerate", "float", "int", "isinstance",
+    "len", "list", "max", "min", "pow", "range", "reversed", "round", "set", "sorted", "str",
+    "sum", "tuple", "zip", "iter",
+    "itertools.count", "tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.trange",
+    "tqdm.auto.trange",
+    "numpy.mean", "numpy.sum", "numpy.abs", "numpy.isnan", "numpy.isfinite", "numpy.isinf",
+    "numpy.array", "numpy.asarray", "numpy.sqrt", "numpy.exp", "numpy.log",
+    "torch.isnan", "torch.isfinite", "torch.isinf", "torch.tensor", "torch.as_tensor",
+    "torch.mean", "torch.sum", "torch.abs", "torch.stack", "torch.cat",
+})
+_PURE_MODULES = ("math.",)
+#: progress bars and iterator wrappers: only their positional arguments make the result
+_WRAPPERS = frozenset({"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.trange",
+                       "tqdm.auto.trange", "enumerate", "zip", "iter", "reversed"})
+#: methods whose result depends on their receiver and arguments only
+_PURE_METHODS = frozenset({
+    "item", "mean", "sum", "float", "double", "int", "long", "half", "tolist", "cpu",
+    "detach", "numpy", "size", "numel", "dim", "max", "min", "abs", "std", "var", "norm",
+    "clone", "to", "get", "keys", "values", "items", "copy", "all", "any", "isfinite",
+    "isnan", "isinf", "exp", "log", "sqrt", "pow", "round", "format", "lower", "upper",
+    "strip", "startswith", "endswith", "argmax", "argmin", "eq", "ne", "lt", "le", "gt", "ge",
+    "squeeze", "unsqueeze", "view", "reshape", "flatten",
+})
+_BUILTINS = frozenset(dir(builtins))
+_WRAPPER_NAMES = frozenset({"enumerate", "zip", "iter", "reversed", "tqdm"})
+_ORDERING = (cst.LessThan, cst.LessThanEqual, cst.GreaterThan, cst.GreaterThanEqual)
+
+
+@dataclass(frozen=True)
+class NestContext:
+    """What the rewrite knows about the code around the nest."""
+
+    #: the runtime's local name (``distify``)
+    rt: str
+    #: the qualified name of a callee (imports resolved), or None
+    qual: Callable[[cst.BaseExpression], str | None]
+    #: is this the iterable of a loop over a DataLoader (``loader``, ``enumerate(loader)``)?
+    is_loader: Callable[[cst.BaseExpression], bool]
+    #: does this call end the process (``sys.exit``, the ``process_exits`` rules)?
+    is_exit: Callable[[cst.Call], bool]
+    #: is this name bound by an import (``time`` in ``time.time()``: a module, not a value)?
+    is_imported: Callable[[str], bool] = lambda name: False
+    #: local functions that run a backward pass (``finish_episode()``, ``self.train_step()``)
+    training_functions: frozenset[str] = frozenset()
+    #: does this local function return the same value on every process, given the same
+    #: arguments (an ``evaluate()`` whose sums the rewrite reduced; see :func:`returns_agree`)?
+    agrees: Callable[[str], bool] = lambda name: False
+    #: the whole nest runs on the main process only (inside a block the rewrite guards)
+    main_only: bool = False
+    #: the indented blocks around the nest's loop (to place the tests' lines)
+    depth: int = 0
+
+
+@dataclass(frozen=True)
+class Stop:
+    """An exit from a training loop whose test reads a per-process value, and what to do."""
+
+    #: the ``if`` whose branch leaves, or the ``while`` whose test ends the loop
+    node: cst.If | cst.While
+    test: cst.BaseExpression
+    #: the per-process names the test reads (for the report)
+    names: tuple[str, ...]
+    action: Action
+    #: for ``reduce``: the comparison's per-process operand, to average over the processes
+    operand: cst.BaseExpression | None = None
+    #: for ``note``: why no collective can decide it there
+    why: str = ""
+    #: the test itself reads a per-process value (else only its place differs between processes)
+    varies: bool = True
+    #: the indented blocks around the ``if``/``while``
+    depth: int = 0
+
+
+def find_stops(loop: cst.For | cst.While, ctx: NestContext) -> list[Stop]:
+    """The data-dependent exits from loops that train in the nest rooted at ``loop`` (the
+    outermost loop of its function), in source order, each with its :data:`Action`."""
+    demoted: dict[int, str] = {}
+    uneven: dict[int, str] = {}
+    while True:
+        walk = _Walk(ctx, demoted, uneven)
+        walk.nest(loop)
+        new_demoted, new_uneven = _settle(walk, demoted, uneven)
+        if new_demoted.keys() == demoted.keys() and new_uneven.keys() == uneven.keys():
+            break
+        demoted, uneven = new_demoted, new_uneven
+    stops = []
+    for exit_ in walk.exits.values():
+        if not exit_.candidate:
+            continue
+        why = demoted.get(id(exit_.node))
+        if why is not None:
+            action: Action = "note"
+        elif exit_.operand is not None:
+            action = "reduce"
+        else:
+            action = "all" if exit_.keeps_going_when_true else "any"
+        stops.append(Stop(exit_.node, exit_.test, exit_.names, action, exit_.operand,
+                          why or "", exit_.varies, exit_.depth))
+    return stops
+
+
+def returns_agree(function: cst.FunctionDef, ctx: NestContext) -> bool:
+    """Does ``function`` return a value equal on every process whenever it is called with such
+    arguments? Its parameters are taken to be equal; every ``return`` must give a value equal on
+    every process (``return test_loss, correct / total`` after ``correct = rt.reduce(correct)``)
+    from a place every process reaches alike. A function that returns nothing does not agree
+    (it is not a metric)."""
+    walk = _Walk(ctx, {}, {})
+    walk.returns = []
+    walk.suite(function.body, _Path())
+    return bool(walk.returns) and not any(walk.returns)
+
+
+# --------------------------------------------------------------------------- the walk's records
+
+
+@dataclass
+class _LoopInfo:
+    node: cst.For | cst.While
+    trains: bool
+    #: why its iterations may differ between processes by what it iterates, or None
+    source: str | None
+
+
+@dataclass
+class _Exit:
+    node: cst.CSTNode  # the If or While (or the bare break/return/exit statement)
+    test: cst.BaseExpression | None
+    names: tuple[str, ...]
+    varies: bool
+    #: varies, and it leaves a loop that trains: rewritten, or reported
+    candidate: bool
+    #: the loops it leaves, and the loops around it (a while test: not its own loop)
+    leaves: list[_LoopInfo]
+    inside: list[_LoopInfo]
+    #: why its position is not reached alike on every process, or None
+    bad: str | None
+    #: candidate exits whose test must be decided alike for it to be reached alike
+    deps: frozenset[int]
+    #: the test holding keeps the loop going (a ``while`` test, an exit in the ``else``)
+    keeps_going_when_true: bool = False
+    #: the per-process side of a single ordering comparison
+    operand: cst.BaseExpression | None = None
+    depth: int = 0
+
+
+@dataclass(frozen=True)
+class _Path:
+    """How the statements being walked are reached."""
+
+    #: why they are not reached alike on every process, or None
+    bad: str | None = None
+    #: candidate exits whose test must be decided alike for them to be reached alike
+    deps: frozenset[int] = frozenset()
+    #: bad because only some processes get there (a branch, a continue, a handler), not
+    #: because a loop around runs unevenly
+    some: bool = False
+
+    def worse(self, why: str, some: bool = True) -> _Path:
+        if self.bad is None or (some and not self.some):  # the more specific reason wins
+            return _Path(why, self.deps, some)
+        return self
+
+    def needs(self, exit_id: int) -> _Path:
+        return _Path(self.bad, self.deps | {exit_id}, self.some)
+
+
+def _settle(walk: _Walk, demoted: dict[int, str],
+            uneven: dict[int, str]) -> tuple[dict[int, str], dict[int, str]]:
+    """One round of demotions: exits not reached alike, loops not run alike."""
+    demoted, uneven = dict(demoted), dict(uneven)
+    for loop in walk.loops.values():
+        if loop.source is not None:
+            uneven.setdefault(id(loop.node), loop.source)
+    for exit_ in walk.exits.values():
+        why = _position_problem(exit_, demoted, uneven)
+        if why is not None and exit_.candidate:
+            demoted.setdefault(id(exit_.node), why)
+        if why is not None or (exit_.varies and (not exit_.candidate
+                                                 or id(exit_.node) in demoted)):
+            for loop in exit_.leaves:
+                uneven.setdefault(id(loop.node), f"`{_head(loop.node)}` can also be left by "
+                                  f"`{_head(exit_.node)}`, which processes may not take alike")
+    return demoted, uneven
+
+
+def _position_problem(exit_: _Exit, demoted: dict[int, str],
+                      uneven: dict[int, str]) -> str | None:
+    if exit_.bad is not None:
+        return exit_.bad
+    for dep in exit_.deps:
+        if dep in demoted:
+            return "it is reached only in a branch whose test cannot be decided alike"
+    for loop in exit_.inside:
+        if id(loop.node) in uneven:
+            return f"it is inside `{_head(loop.node)}`, which may run a different number of " \
+                   f"times on each process ({uneven[id(loop.node)]})"
+    return None
+
+
+# --------------------------------------------------------------------------- the walk
+
+
+class _Walk:
+    """One source-ordered walk of the nest, given the demotions decided so far."""
+
+    def __init__(self, ctx: NestContext, demoted: dict[int, str],
+                 uneven: dict[int, str]) -> None:
+        self.ctx = ctx
+        self.demoted = demoted
+        self.uneven = uneven
+        self.varying: set[str] = set()
+        self.stack: list[_LoopInfo] = []
+        self.loops: dict[int, _LoopInfo] = {}
+        self.exits: dict[int, _Exit] = {}
+        self.claimed: set[int] = set()  # the break/return/exit of an exit-``if``
+        self.continued: list[str | None] = []  # per loop: a continue only some processes take
+        #: walking a function body (:func:`returns_agree`): for each return, does it vary?
+        self.returns: list[bool] | None = None
+        self.depth = ctx.depth
+        self._trains: dict[int, tuple[bool, bool]] = {}
+
+    def nest(self, loop: cst.For | cst.While) -> None:
+        path = _Path("the loop runs on the main process only") if self.ctx.main_only \
+            else _Path()
+        self.statement(loop, path)
+
+    # ------------------------------------------------------------------ values
+
+    def varies(self, node: cst.CSTNode | None) -> bool:
+        """Can ``node``'s value differ between processes here?"""
+        if node is None:
+            return False
+        if isinstance(node, cst.Name):
+            return node.value in self.varying
+        if isinstance(node, cst.Call):
+            return self._call_varies(node)
+        if isinstance(node, cst.Lambda):
+            return False
+        if isinstance(node, (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)):
+            return self._comprehension_varies(node)
+        if isinstance(node, cst.Attribute):
+            return self.varies(node.value)
+        return any(self.varies(child) for child in node.children)
+
+    def _call_varies(self, call: cst.Call) -> bool:
+        func = call.func
+        name = dotted_name(func)
+        if name is not None and name.startswith(f"{self.ctx.rt}.") \
+                and name[len(self.ctx.rt) + 1:] in _AGREED:
+            return False
+        args = [arg.value for arg in call.args]
+        if isinstance(func, cst.Attribute) and func.attr.value in _PURE_METHODS \
+                and not self._is_module(func.value):
+            return self.varies(func.value) or any(self.varies(a) for a in args)
+        qual = self.ctx.qual(func) or name
+        if qual in _PURE_FUNCTIONS or (qual or "").startswith(_PURE_MODULES):
+            if qual in _WRAPPERS:
+                args = [arg.value for arg in call.args if arg.keyword is None]
+            return any(self.varies(a) for a in args)
+        local = _local_callee(func)
+        if local is not None and not self.ctx.is_imported(local) and self.ctx.agrees(local):
+            return any(self.varies(a) for a in args)
+        return True
+
+    def _is_module(self, node: cst.BaseExpression) -> bool:
+        """``time`` in ``time.time()``: a module's function, not a method of a value."""
+        root = _root_name(node)
+        return root is not None and self.ctx.is_imported(root)
+
+    def _comprehension_varies(self, node: cst.BaseExpression) -> bool:
+        targets: set[str] = set()
+        level = node.for_in
+        while level is not None:
+            if self.varies(level.iter) or any(self.varies(i.test) for i in level.ifs):
+                return True
+            targets |= bound_names(level.target)
+            level = level.inner_for_in
+        saved = set(self.varying)
+        self.varying -= targets
+        try:
+            parts = [node.key, node.value] if isinstance(node, cst.DictComp) else [node.elt]
+            return any(self.varies(part) for part in parts)
+        finally:
+            self.varying = saved
+
+    def varying_names(self, node: cst.CSTNode) -> tuple[str, ...]:
+        return tuple(sorted(n for n in read_names(node) if n in self.varying))
+
+    def assign(self, target: cst.BaseExpression, varies: bool) -> None:
+        """``target = value``: names strongly, ``a[k] =`` / ``a.b =`` weakly (``a`` may keep
+        per-process parts)."""
+        if isinstance(target, cst.Name):
+            if varies:
+                self.varying.add(target.value)
+            else:
+                self.varying.discard(target.value)
+        elif isinstance(target, (cst.Tuple, cst.List)):
+            for element in target.elements:
+                value = element.value
+                self.assign(value.value if isinstance(value, cst.StarredElement) else value,
+                            varies)
+        elif isinstance(target, (cst.Subscript, cst.Attribute)):
+            root = _root_name(target)
+            if root is not None and (varies or (isinstance(target, cst.Subscript)
+                                                and self.varies(target.slice[0]))):
+                self.varying.add(root)
+
+    # ------------------------------------------------------------------ statements
+
+    def block(self, statements: Iterable[cst.CSTNode], path: _Path) -> None:
+        for stmt in statements:
+            if self.continued and self.continued[-1] is not None:
+                path = path.worse(self.continued[-1])
+            self.statement(stmt, path)
+
+    def suite(self, suite: cst.BaseSuite | None, path: _Path) -> None:
+        if suite is None:
+            return
+        if isinstance(suite, cst.IndentedBlock):
+            self.depth += 1
+            self.block(suite.body, path)
+            self.depth -= 1
+        else:
+            self.block([suite], path)
+
+    def statement(self, stmt: cst.CSTNode, path: _Path) -> None:
+        if isinstance(stmt, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
+            for small in stmt.body:
+                self.small(small, path)
+        elif isinstance(stmt, cst.If):
+            self.if_(stmt, path)
+        elif isinstance(stmt, cst.For):
+            self.for_(stmt, path)
+        elif isinstance(stmt, cst.While):
+            self.while_(stmt, path)
+        elif isinstance(stmt, cst.With):
+            for item in stmt.items:
+                if item.asname is not None:
+                    self.assign(item.asname.name, self.varies(item.item) or self._implicit(path))
+            self.suite(stmt.body, path)
+        elif isinstance(stmt, (cst.Try, cst.TryStar)):
+            self.try_(stmt, path)
+        elif isinstance(stmt, cst.Match):
+            branch = path.worse(f"it is inside `match {_code(stmt.subject)}:`, on a value that "
+                                "differs between processes") if self.varies(stmt.subject) else path
+            self.branches([case.body for case in stmt.cases], branch)
+        # a def or class inside the loop runs later, when it is called: not here
+
+    def small(self, small: cst.BaseSmallStatement, path: _Path) -> None:
+        implicit = self._implicit(path)
+        self.mutate(small, implicit)
+        if isinstance(small, cst.Assign):
+            varies = self.varies(small.value) or implicit
+            for target in small.targets:
+                self.assign(target.target, varies)
+        elif isinstance(small, cst.AnnAssign) and small.value is not None:
+            self.assign(small.target, self.varies(small.value) or implicit)
+        elif isinstance(small, cst.AugAssign):
+            self.assign(small.target, self.varies(small.target) or self.varies(small.value)
+                        or implicit)
+        elif isinstance(small, cst.Continue):
+            if self.continued and implicit:
+                self.continued[-1] = self.continued[-1] or (
+                    "it comes after a `continue` that only some processes may take")
+        elif isinstance(small, (cst.Break, cst.Return)):
+            self.bare_exit(small, path, "break" if isinstance(small, cst.Break) else "return")
+            if isinstance(small, cst.Return) and self.returns is not None:
+                self.returns.append(small.value is None or self.varies(small.value) or implicit)
+        if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call) \
+                and self.ctx.is_exit(small.value):
+            self.bare_exit(small, path, "exit")
+
+    def mutate(self, small: cst.BaseSmallStatement, implicit: bool) -> None:
+        """A call may change what it is called on: ``losses.append(loss.item())``,
+        ``early_stopping(val_loss, model)``, ``env.step(action)`` leave a per-process object
+        when given a per-process value; ``rt.reduce_meters(m)`` leaves ``m`` agreed."""
+        for call in _calls(small):
+            func = call.func
+            if dotted_name(func) == f"{self.ctx.rt}.reduce_meters":
+                for arg in call.args:
+                    if isinstance(arg.value, cst.Name):
+                        self.varying.discard(arg.value.value)
+                continue
+            if isinstance(func, cst.Name) and (func.value in _BUILTINS or not (
+                    isinstance(small, cst.Expr) and small.value is call)):
+                continue  # `out = model(x)` is called for its result: the model is unchanged
+            root = _root_name(func.value if isinstance(func, cst.Attribute) else func)
+            if root is None or root == self.ctx.rt or self.ctx.is_imported(root):
+                continue
+            if implicit or any(self.varies(arg.value) for arg in call.args):
+                self.varying.add(root)
+
+    def _implicit(self, path: _Path) -> bool:
+        """Is a value assigned here per process because only some processes get here, or get
+        here a different number of times?"""
+        return path.bad is not None or any(dep in self.demoted for dep in path.deps)
+
+    def bare_exit(self, stmt: cst.CSTNode, path: _Path, how: str) -> None:
+        if id(stmt) in self.claimed or not self.stack:
+            return
+        leaves = self.stack[-1:] if how == "break" else list(self.stack)
+        self._record(_Exit(stmt, None, (), False, False, leaves, list(self.stack), path.bad,
+                           path.deps))
+
+    def branches(self, suites: list[cst.BaseSuite | None], path: _Path) -> None:
+        entry = set(self.varying)
+        joined = set(entry)
+        for suite in suites:
+            self.varying = set(entry)
+            self.suite(suite, path)
+            joined |= self.varying
+        self.varying = joined
+
+    def if_(self, node: cst.If, path: _Path) -> None:
+        varies = self.varies(node.test)
+        else_suite = node.orelse.body if isinstance(node.orelse, cst.Else) else None
+        leaving = _leaving(node.body, self.ctx.is_exit)
+        keeps_going = False
+        if not leaving and else_suite is not None:
+            leaving, keeps_going = _leaving(else_suite, self.ctx.is_exit), True
+        branch = path
+        if leaving and self.stack:
+            self.claimed.update(id(stmt) for stmt, _ in leaving)
+            leaves = self.stack[-1:] if all(how == "break" for _, how in leaving) \
+                else list(self.stack)
+            # a test on a per-process value, or one only some processes reach
+            candidate = (varies or path.some) \
+                and any(self._loop_trains(loop.node) for loop in leaves)
+            exit_ = _Exit(node, node.test, self.varying_names(node.test), varies, candidate,
+                          leaves, list(self.stack), path.bad, path.deps, keeps_going,
+                          self._operand(node.test) if candidate else None, self.depth)
+            self._record(exit_)
+            if candidate and id(node) not in self.demoted:
+                branch = path.needs(id(node))
+            elif varies:
+                branch = path.worse(_branch_why(node.test))
+        elif varies:
+            branch = path.worse(_branch_why(node.test))
+        orelse = node.orelse
+        self.branches([node.body, orelse if isinstance(orelse, cst.If) else else_suite],
+                      branch)
+
+    def _record(self, exit_: _Exit) -> None:
+        self.exits[id(exit_.node)] = exit_
+
+    def _operand(self, test: cst.BaseExpression) -> cst.BaseExpression | None:
+        """The per-process side of one ordering comparison (``not`` around it allowed)."""
+        core = test
+        while isinstance(core, cst.UnaryOperation) and isinstance(core.operator, cst.Not):
+            core = core.expression
+        if not (isinstance(core, cst.Comparison) and len(core.comparisons) == 1
+                and isinstance(core.comparisons[0].operator, _ORDERING)):
+            return None
+        left, right = core.left, core.comparisons[0].comparator
+        if self.varies(left) != self.varies(right):
+            return left if self.varies(left) else right
+        return None
+
+    def try_(self, node: cst.Try | cst.TryStar, path: _Path) -> None:
+        entry = set(self.varying)
+        self.suite(node.body, path)
+        after_body = set(self.varying)
+        handler_path = path.worse("it is in an exception handler, which only the processes "
+                                  "that raised run")
+        joined = entry | after_body
+        for handler in node.handlers:
+            self.varying = entry | after_body
+            if handler.name is not None:
+                self.assign(handler.name.name, True)
+            self.suite(handler.body, handler_path)
+            joined |= self.varying
+        self.varying = joined
+        if node.orelse is not None:
+            self.suite(node.orelse.body, path)
+        if node.finalbody is not None:
+            self.suite(node.finalbody.body, path)
+
+    def for_(self, node: cst.For, path: _Path) -> None:
+        trains, every_step = self._loop_trains_every_step(node)
+        iterable = node.iter
+        # a DataLoader, or a name that may hold one: its batches are per process, and its
+        # number of batches too unless it pads them (in training)
+        data = self.ctx.is_loader(iterable) or _names_data(iterable)
+        source = None
+        if self.varies(iterable):
+            source = f"it iterates `{_code(iterable)}`, which differs between processes"
+        elif data and not trains:
+            source = "a loop over data that does not train: an evaluation DataLoader's shards " \
+                     "differ in length between processes"
+        if source is not None and every_step:
+            source = None  # DDP's all-reduce in its every-step backward needs equal steps
+        info = self._enter(node, trains, source)
+        index = _enumerate_index(node) if data else None
+
+        def head() -> None:
+            # within one step, a step count is the same on every process that runs it
+            self.assign(node.target, data or self.varies(iterable) or self._implicit(path))
+            if index is not None:
+                self.assign(index, self._implicit(path))
+
+        self._loop(node, info, path, head)
+        if id(node) in self.uneven or info.source is not None:
+            self.assign(node.target, True)  # where each process's last step left it
+        self.suite(node.orelse.body if node.orelse else None, path)
+
+    def while_(self, node: cst.While, path: _Path) -> None:
+        trains, _ = self._loop_trains_every_step(node)
+        info = self._enter(node, trains, None)
+        entry_path = path
+
+        def head() -> None:
+            varies = self.varies(node.test)
+            candidate = (varies or entry_path.some) and trains
+            exit_ = _Exit(node, node.test, self.varying_names(node.test), varies, candidate,
+                          [info], list(self.stack), entry_path.bad, entry_path.deps, True,
+                          self._operand(node.test) if candidate else None, self.depth)
+            self._record(exit_)
+
+        self._loop(node, info, path, head)
+        self.suite(node.orelse.body if node.orelse else None, path)
+
+    def _enter(self, node: cst.For | cst.While, trains: bool, source: str | None) -> _LoopInfo:
+        info = _LoopInfo(node, trains, source)
+        self.loops[id(node)] = info
+        return info
+
+    def _loop(self, node: cst.For | cst.While, info: _LoopInfo, path: _Path,
+              head: Callable[[], None]) -> None:
+        """Walk the body until the per-process names carried around the loop settle."""
+        uneven = self.uneven.get(id(node)) or info.source
+        body_path = path.worse(f"it is inside `{_head(node)}`, which may run a different number "
+                               f"of times on each process ({uneven})", some=False) \
+            if uneven else path
+        entry = set(self.varying)
+        carried = set(entry)
+        while True:
+            self.varying = set(carried)
+            self.stack.append(info)
+            self.continued.append(None)
+            head()
+            self.block(node.body.body if isinstance(node.body, cst.IndentedBlock)
+                       else [node.body], body_path)
+            self.continued.pop()
+            self.stack.pop()
+            if self.varying <= carried:
+                break
+            carried |= self.varying
+        self.varying = carried
+
+    def _loop_trains(self, node: cst.For | cst.While) -> bool:
+        return self._loop_trains_every_step(node)[0]
+
+    def _loop_trains_every_step(self, node: cst.For | cst.While) -> tuple[bool, bool]:
+        """Does the loop run a backward pass, and on every step (a statement of its body,
+        and no ``continue`` anywhere that could skip it)?"""
+        key = id(node)
+        if key not in self._trains:
+            finder = _TrainingCalls(self.ctx)
+            node.body.visit(finder)
+            every_step = finder.found and not finder.continues and any(
+                _has_training_call(stmt, self.ctx) for stmt in _top_statements(node.body))
+            self._trains[key] = (finder.found, every_step)
+        return self._trains[key]
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+class _TrainingCalls(cst.CSTVisitor):
+    """Backward passes (``loss.backward()``, ``rt.backward(loss)``, calls of local functions
+    that run one) and ``continue`` statements, outside nested definitions."""
+
+    def __init__(self, ctx: NestContext) -> None:
+        super().__init__()
+        self.ctx = ctx
+        self.found = False
+        self.continues = False
+        self._loops = 0
+
+    def visit_Call(self, node: cst.Call) -> None:
+        self.found = self.found or _is_training_call(node, self.ctx)
+
+    def visit_Continue(self, node: cst.Continue) -> None:
+        if not self._loops:  # a continue of a nested loop skips nothing here
+            self.continues = True
+
+    def visit_For(self, node: cst.For) -> None:
+        self._loops += 1
+
+    def leave_For(self, node: cst.For) -> None:
+        self._loops -= 1
+
+    def visit_While(self, node: cst.While) -> None:
+        self._loops += 1
+
+    def leave_While(self, node: cst.While) -> None:
+        self._loops -= 1
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return False
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        return False
+
+    def visit_Lambda(self, node: cst.Lambda) -> bool:
+        return False
+
+
+def _is_training_call(call: cst.Call, ctx: NestContext) -> bool:
+    func = call.func
+    if isinstance(func, cst.Attribute) and func.attr.value == "backward":
+        return True
+    if dotted_name(func) == f"{ctx.rt}.backward":
+        return True
+    if isinstance(func, cst.Name):
+        return func.value in ctx.training_functions
+    return (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name)
+            and func.value.value in ("self", "cls")
+            and func.attr.value in ctx.training_functions)
+
+
+def _has_training_call(stmt: cst.CSTNode, ctx: NestContext) -> bool:
+    finder = _TrainingCalls(ctx)
+    stmt.visit(finder)
+    return finder.found
+
+
+def _top_statements(body: cst.BaseSuite) -> Iterator[cst.CSTNode]:
+    """The statements run on every pass through ``body``: its own, and those of its ``with``
+    blocks."""
+    statements = body.body if isinstance(body, cst.IndentedBlock) else [body]
+    for stmt in statements:
+        if isinstance(stmt, cst.With):
+            yield from _top_statements(stmt.body)
+        elif isinstance(stmt, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
+            yield stmt
+
+
+def _leaving(body: cst.BaseSuite, is_exit: Callable[[cst.Call], bool]) \
+        -> list[tuple[cst.CSTNode, str]]:
+    """The statements of ``body`` itself that leave the loop: ``break``, ``return``, or a call
+    ``is_exit`` accepts (``sys.exit(1)``), each with how it leaves."""
+    statements = body.body if isinstance(body, cst.IndentedBlock) else [body]
+    found = []
+    for stmt in statements:
+        if not isinstance(stmt, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
+            continue
+        for small in stmt.body:
+            if isinstance(small, cst.Break):
+                found.append((small, "break"))
+            elif isinstance(small, cst.Return):
+                found.append((small, "return"))
+            elif isinstance(small, cst.Expr) and isinstance(small.value, cst.Call) \
+                    and is_exit(small.value):
+                found.append((small, "exit"))
+    return found
+
+
+def _names_data(iterable: cst.BaseExpression) -> bool:
+    """Is the loop over a name (``data``, ``self.loader``, ``enumerate(batches)``), which may
+    hold a DataLoader, rather than over a literal or a ``range``/``count``?"""
+    while isinstance(iterable, cst.Call) and iterable.args and (
+            dotted_name(iterable.func) or "").rsplit(".", 1)[-1] in _WRAPPER_NAMES:
+        iterable = iterable.args[0].value
+    return isinstance(iterable, (cst.Name, cst.Attribute, cst.Subscript))
+
+
+def _local_callee(func: cst.BaseExpression) -> str | None:
+    """``evaluate`` for ``evaluate(...)`` and ``self.evaluate(...)``."""
+    if isinstance(func, cst.Name):
+        return func.value
+    if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) \
+            and func.value.value in ("self", "cls"):
+        return func.attr.value
+    return None
+
+
+def _enumerate_index(node: cst.For) -> cst.BaseExpression | None:
+    """``i`` in ``for i, (x, y) in enumerate(loader)``: a step count, not the batch."""
+    it, target = node.iter, node.target
+    if isinstance(it, cst.Call) and dotted_name(it.func) == "enumerate" \
+            and isinstance(target, (cst.Tuple, cst.List)) and len(target.elements) == 2:
+        return target.elements[0].value
+    return None
+
+
+class _Calls(cst.CSTVisitor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[cst.Call] = []
+
+    def visit_Call(self, node: cst.Call) -> None:
+        self.calls.append(node)
+
+    def visit_Lambda(self, node: cst.Lambda) -> bool:
+        return False
+
+
+def _calls(node: cst.CSTNode) -> list[cst.Call]:
+    finder = _Calls()
+    node.visit(finder)
+    return finder.calls
+
+
+class _Names(cst.CSTVisitor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self.names.add(node.value)
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        node.value.visit(self)
+        return False
+
+
+def read_names(node: cst.CSTNode) -> set[str]:
+    """The plain names ``node`` reads (``a.b[c]`` reads ``a`` and ``c``)."""
+    finder = _Names()
+    node.visit(finder)
+    return finder.names
+
+
+def bound_names(target: cst.BaseExpression) -> set[str]:
+    """The names an assignment target binds (``x``, ``x, (y, *z)``), not ``a.b``/``a[k]``."""
+    if isinstance(target, cst.Name):
+        return {target.value}
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return set().union(*(bound_names(e.value) for e in target.elements))
+    if isinstance(target, cst.StarredElement):
+        return bound_names(target.value)
+    return set()
+
+
+def _root_name(node: cst.BaseExpression) -> str | None:
+    while isinstance(node, (cst.Attribute, cst.Subscript)):
+        node = node.value
+    return node.value if isinstance(node, cst.Name) else None
+
+
+def _code(node: cst.CSTNode) -> str:
+    return cst.Module([]).code_for_node(node)
+
+
+def _head(node: cst.CSTNode) -> str:
+    """A statement's first line, as the report names it (``for x, y in val_loader:``)."""
+    if isinstance(node, cst.For):
+        return f"for {_code(node.target)} in {_code(node.iter)}:"
+    if isinstance(node, cst.While):
+        return f"while {_code(node.test)}:"
+    if isinstance(node, cst.If):
+        return f"if {_code(node.test)}:"
+    return _code(node).strip().splitlines()[0]
+
+
+def _branch_why(test: cst.BaseExpression) -> str:
+    return f"it is reached only in a branch of `if {_code(test)}:`, a test on a value that " \
+           "differs between processes"

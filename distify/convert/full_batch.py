@@ -1,0 +1,62 @@
+"""Full-batch training loops: reported as what they are, not as a missing DataLoader (issue 12
+item 5).
+
+A training loop not fed by a DataLoader gets a note that every process trains on the same
+batches. For a loop that trains on the whole data set at every step (a graph model's forward
+over all nodes; see :mod:`distify.analysis.full_batch`) that is correct as it is: every process
+computes the same gradient, DDP averages equal gradients, and the result is one process's. Such
+a loop gets a report line saying so instead of the note, and the report stays ready to launch.
+Nothing is rewritten for it.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from distify.analysis.full_batch import is_full_batch
+from distify.convert.base import TransformerBase
+
+
+class FullBatchMixin(TransformerBase):
+    def visit_Module(self, node: cst.Module) -> None:
+        super().visit_Module(node)
+        self._loop_nodes: list[cst.For | cst.While] = []  # the loops being visited, as written
+        self._full_batch_nests: set[int] = set()
+
+    def visit_For(self, node: cst.For) -> None:
+        super().visit_For(node)
+        self._loop_nodes.append(node)
+
+    def leave_For(self, original: cst.For, updated: cst.For):
+        self._loop_nodes.pop()
+        return super().leave_For(original, updated)
+
+    def visit_While(self, node: cst.While) -> None:
+        super().visit_While(node)
+        self._loop_nodes.append(node)
+
+    def leave_While(self, original: cst.While, updated: cst.While):
+        self._loop_nodes.pop()
+        return super().leave_While(original, updated)
+
+    def _reported_full_batch(self, node: cst.CSTNode) -> bool:
+        """At a backward pass in loops not fed by a DataLoader: if they train full-batch, say
+        so (once per loop nest) and return True."""
+        outermost = self._loop_nodes[-len(self._loops)]  # this function's outermost loop
+        if id(outermost) in self._full_batch_nests:
+            return True
+        if not is_full_batch(outermost, self._models_that_train(), self._qual):
+            return False
+        self._full_batch_nests.add(id(outermost))
+        self._edit(node, "data", "full-batch training: this loop is not fed by a DataLoader and "
+                   "its model reads the same inputs at every step, so every process trains on "
+                   "the whole data set. Their gradients are equal, so the result equals one "
+                   "process's (the data is not split, and more processes add no speed)")
+        return True
+
+    def _models_that_train(self) -> set[str]:
+        training = self.facts.training
+        models = {model for optimizers in training.optimizer_models.values()
+                  for trained in optimizers.values() for model in trained}
+        models.update(site.name for site in training.build_sites)
+        return models | self._scope.prepared_models

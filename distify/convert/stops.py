@@ -1,0 +1,176 @@
+"""Data-dependent exits from training loops, decided alike on every process (issue 12 item 7).
+
+Each process trains on its own batches, so ``if loss.item() < 1.0: break`` may be true on one
+process and not on another: that one leaves, and the others wait for it in DDP's next
+all-reduce. Where :mod:`distify.analysis.stops` proves that every process reaches the test the
+same number of times, the test is decided on all of them at once:
+
+- one ordering comparison of a per-process value → that value averaged over the processes:
+  ``if loss.item() < 1.0:`` → ``if rt.reduce(loss.item(), op="mean") < 1.0:``,
+  ``while loss > eps:`` → ``while rt.reduce(loss, op="mean") > eps:``;
+- any other test → decided whole, leaving as soon as any process would:
+  ``if not math.isfinite(loss_value):`` → ``if rt.any_process(not math.isfinite(loss_value)):``
+  (``while rt.all_processes(...):`` for a ``while`` test).
+
+In a single process ``reduce`` returns its input and the helpers are ``bool(test)``: the script
+computes what the original computes. A test whose values already agree on every process (a step
+counter, ``args.dry_run``, a reduced validation loss, a patience counter fed by one) is left as
+it is, without a note. Where a collective would not be reached alike (under a branch on a
+per-process value, after a ``continue`` only some processes take, in an evaluation loop, in a
+block that runs on the main process only, in a loop that can also be left unevenly) the test is
+left as written and reported with why.
+
+What it does not do: rewrite ``continue`` tests, or exits of loops that do not train.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import libcst as cst
+
+from distify.analysis.stops import NestContext, Stop, find_stops, returns_agree
+from distify.convert.base import TransformerBase
+from distify.convert.syntax import _EQUAL, _code, _leaves_loop, _strip_parens
+
+_SPACE = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+
+
+class StopMixin(TransformerBase):
+    def visit_Module(self, node: cst.Module) -> None:
+        super().visit_Module(node)
+        self._nests_with_exits: set[int] = set()
+        self._functions: dict[str, cst.FunctionDef | None] = {}  # local defs, as rewritten
+        self._agreeing: dict[str, bool] = {}
+        self._training_functions = frozenset(
+            path[-1] for path in self.facts.training.backward_scopes if path)
+
+    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef):
+        name = updated.name.value
+        # two functions of one name (methods of two classes): neither is known to agree
+        self._functions[name] = None if name in self._functions else updated
+        return super().leave_FunctionDef(original, updated)
+
+    def _agrees(self, name: str) -> bool:
+        """Does the local function ``name`` (defined above, as rewritten) return a value equal
+        on every process?"""
+        if name not in self._agreeing:
+            self._agreeing[name] = False  # while deciding: a recursive call does not agree
+            function = self._functions.get(name)
+            self._agreeing[name] = function is not None and returns_agree(
+                function, self._nest_context())
+        return self._agreeing[name]
+
+    def visit_If(self, node: cst.If) -> None:
+        super().visit_If(node)
+        if self._loops and (_leaves_loop(node.body, self._is_exit) or (
+                isinstance(node.orelse, cst.Else)
+                and _leaves_loop(node.orelse.body, self._is_exit))):
+            self._nests_with_exits.add(id(self._loops[0]))
+
+    def visit_While(self, node: cst.While) -> None:
+        super().visit_While(node)
+        if not (isinstance(node.test, cst.Name) and node.test.value == "True"):
+            self._nests_with_exits.add(id(self._loops[0]))
+
+    def leave_For(self, original: cst.For, updated: cst.For):
+        return super().leave_For(original, self._decide_stops(updated))
+
+    def leave_While(self, original: cst.While, updated: cst.While):
+        return super().leave_While(original, self._decide_stops(updated))
+
+    def _decide_stops(self, loop: cst.For | cst.While) -> cst.For | cst.While:
+        """At the outermost loop of a function: rewrite or report the exits of the nest."""
+        if len(self._loops) != 1 or id(self._loops[0]) not in self._nests_with_exits:
+            return loop
+        self._nests_with_exits.discard(id(self._loops[0]))
+        replacements: dict[int, Callable[[cst.CSTNode], cst.CSTNode]] = {}
+        for stop in find_stops(loop, self._nest_context()):
+            if stop.action == "note":
+                self._edit(stop.test, "divergence", self._unsafe_message(stop), human=True)
+                continue
+            old, replace = self._decided(stop)
+            replacements[id(old)] = replace
+        return loop.visit(_Replace(replacements)) if replacements else loop
+
+    def _nest_context(self) -> NestContext:
+        return NestContext(rt=self.rt, qual=self._qual, is_loader=self._loaderish,
+                           is_exit=self._is_exit,
+                           is_imported=self.facts.imports.aliases.__contains__,
+                           training_functions=self._training_functions, agrees=self._agrees,
+                           main_only=self._main_only_depth > 0, depth=self._depth)
+
+    def _decided(self, stop: Stop) -> tuple[cst.CSTNode, Callable[[cst.CSTNode], cst.CSTNode]]:
+        """The node to replace and how, with the report's line."""
+        test = _one_line(stop.test)
+        if stop.action == "reduce":
+            operand = stop.operand
+            new = cst.Call(func=self._rt_attr("reduce"), args=[
+                cst.Arg(operand, comma=_SPACE),
+                cst.Arg(cst.SimpleString('"mean"'), keyword=cst.Name("op"), equal=_EQUAL)])
+            if self._test_too_long(stop, stop.test.deep_replace(operand, new)):
+                new = self._hanging_test(new)
+            self._edit(new, "stop", f"`{test}` is decided on the mean of "
+                       f"`{_one_line(operand)}` over all processes: every process leaves "
+                       "the loop at the same step (in a single process, the original value)")
+            return operand, lambda updated: new
+        helper = "any_process" if stop.action == "any" else "all_processes"
+        new = self._rt_call(helper, _strip_parens(stop.test))
+        if self._test_too_long(stop, new):
+            new = self._hanging_test(new)
+        if stop.action == "any":
+            what = "all processes leave the loop at the first step at which any of them would"
+        else:
+            what = "the loop goes on while the test holds on every process, so all leave together"
+        self._edit(new, "stop", f"`{test}` is decided alike on every process "
+                   f"(`{self.rt}.{helper}`): {what} (in a single process, the test itself)")
+        space = "whitespace_before_test" if isinstance(stop.node, cst.If) \
+            else "whitespace_after_while"  # `if(a and b):` needs one once its parens go
+        return stop.node, lambda updated: updated.with_changes(
+            test=new, **{space: cst.SimpleWhitespace(" ")})
+
+    def _test_too_long(self, stop: Stop, test: cst.BaseExpression) -> bool:
+        """Would ``if <test>:`` run past the file's line length (a one-line test only)?"""
+        code = _code(test)
+        if "\n" in _code(stop.test) or "\n" in code:
+            return False
+        keyword = "if " if isinstance(stop.node, cst.If) else "while "
+        width = len(self._indent_unit) * stop.depth + len(keyword) + len(code) + 1
+        return width > max(self.facts.longest_line, 79)
+
+    def _hanging_test(self, call: cst.Call) -> cst.Call:
+        """The call's arguments on the next line, two indents deeper than the ``if`` (so they
+        stand apart from its body)."""
+        return call.with_changes(whitespace_before_args=cst.ParenthesizedWhitespace(
+            indent=True, last_line=cst.SimpleWhitespace(self._indent_unit * 2)))
+
+    def _unsafe_message(self, stop: Stop) -> str:
+        test = _one_line(stop.test)
+        if not stop.varies:
+            return (f"exit from a training loop that only some processes may reach (`{test}`): "
+                    f"{stop.why}, so they may leave at different steps and hang. Decide the "
+                    "test that leads here on a value every process agrees on (e.g. "
+                    f"`{self.rt}.reduce(x, op=\"mean\")`)")
+        reads = (f"reads {', '.join(f'`{n}`' for n in stop.names)}, which differ"
+                 if stop.names else "calls something whose result differs")
+        return (f"data-dependent exit from a training loop: `{test}` {reads} between "
+                "processes, so they may leave at different steps and hang. Not rewritten: a "
+                f"collective here would not be reached alike ({stop.why}). Decide it on a "
+                "value every process agrees on, where all of them reach it (e.g. "
+                f"`{self.rt}.reduce(x, op=\"mean\")`)")
+
+
+def _one_line(node: cst.CSTNode) -> str:
+    return " ".join(_code(node).split())
+
+
+class _Replace(cst.CSTTransformer):
+    """Replace the nodes (found by identity) with what their functions make of them."""
+
+    def __init__(self, replacements: dict[int, Callable[[cst.CSTNode], cst.CSTNode]]) -> None:
+        super().__init__()
+        self.replacements = replacements
+
+    def on_leave(self, original: cst.CSTNode, updated: cst.CSTNode):
+        replace = self.replacements.get(id(original))
+        return updated if replace is None else replace(updated)
