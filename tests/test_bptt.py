@@ -123,6 +123,60 @@ def test_a_training_stream_is_sharded_before_batchify(body: str, want: str) -> N
     assert list(result.batch_sizes) == ["4"]
 
 
+def test_a_stream_rebound_from_its_raw_tokens_is_sharded() -> None:
+    """The PyTorch transformer tutorial: ``train_data = batchify(train_data, batch_size)``,
+    trained on by ``train(model)`` through the global, evaluated through a parameter."""
+    result, out = _convert("""
+        train_data, val_data = tokens[:800], tokens[800:]
+        train_data = batchify(train_data, 4)
+        val_data = batchify(val_data, 2)
+
+
+        def get_batch(source, i):
+            seq_len = min(8, len(source) - 1 - i)
+            return source[i:i + seq_len], source[i + 1:i + 1 + seq_len].reshape(-1)
+
+
+        def train(model):
+            for batch, i in enumerate(range(0, train_data.size(0) - 1, 8)):
+                data, targets = get_batch(train_data, i)
+                loss = model(data.float().t()).sum()
+                loss.backward()
+                optimizer.step()
+
+
+        def evaluate(model, eval_data):
+            with torch.no_grad():
+                return sum(model(get_batch(eval_data, i)[0].float().t()).sum().item()
+                           for i in range(0, eval_data.size(0) - 1, 8))
+
+
+        for epoch in range(2):
+            train(model)
+            print(evaluate(model, val_data))
+        """)
+    assert "train_data = batchify(distify.shard_stream(train_data, 4), 4)\n" in out
+    assert "val_data = batchify(val_data, 2)\n" in out
+    assert _data_notes(result) == []
+    [change] = [c.message for c in result.changes if c.kind == "shard-stream"]
+    assert "`val_data` is not trained on and stays whole on every process: its evaluation" \
+        in change
+
+
+def test_a_method_named_batchify_is_not_followed() -> None:
+    header = _BATCHIFY.split("def batchify")[0] + textwrap.dedent("""\
+        class Corpus:
+            def batchify(self, data, bsz):
+                return data.view(bsz, -1).t()
+
+
+        batchify = Corpus().batchify
+        """)
+    result, out = _convert("train_data = batchify(tokens, 4)\n" + _TRAIN_LOOP, header)
+    assert "shard_stream" not in out
+    assert len(_data_notes(result)) == 1
+
+
 def test_another_batchify_shape_is_found() -> None:
     header = _BATCHIFY.replace("""\
     nbatch = data.size(0) // bsz

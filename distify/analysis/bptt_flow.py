@@ -130,6 +130,7 @@ class _Finder(cst.CSTVisitor):
         self._skip: set[int] = set()  # Name nodes that are not reads (targets, attributes)
         self._kinds: dict[int, tuple] = {}  # Name node → how its parent uses it
         self._context: cst.CSTNode | None = None  # the statement (or header) being read
+        self._in_class: list[bool] = [False]  # is the innermost def or class a class?
 
     # ------------------------------------------------------------ scopes and bindings
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
@@ -142,15 +143,22 @@ class _Finder(cst.CSTVisitor):
             if isinstance(param, cst.Param):
                 scope.bound.add(param.name.value)
                 self._skip.add(id(param.name))
-        self.functions.setdefault(node.name.value, []).append(scope)
+        if not self._in_class[-1]:  # a method is called on its object: not followed
+            self.functions.setdefault(node.name.value, []).append(scope)
         self.scope = scope
+        self._in_class.append(False)
 
     def leave_FunctionDef(self, original: cst.FunctionDef) -> None:
         assert self.scope.parent is not None
         self.scope = self.scope.parent
+        self._in_class.pop()
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
         self._bind(node.name)
+        self._in_class.append(True)
+
+    def leave_ClassDef(self, original: cst.ClassDef) -> None:
+        self._in_class.pop()
 
     def visit_Lambda(self, node: cst.Lambda) -> bool:
         # it runs later, maybe elsewhere: whatever it reads is used otherwise
@@ -262,6 +270,9 @@ class _Finder(cst.CSTVisitor):
             self.scope.derived[name] = root
         if isinstance(moved, cst.Call) and isinstance(moved.func, cst.Name):
             self.assigned.append((name, moved, self.scope))
+            for arg in moved.args:  # `train_data = batchify(train_data, n)`: the old value
+                if isinstance(arg.value, cst.Name) and arg.value.value == name:
+                    self._kinds[id(arg.value)] = (_NEUTRAL, node)
 
     def visit_Subscript(self, node: cst.Subscript) -> None:
         if isinstance(node.value, cst.Name) and any(
@@ -287,7 +298,7 @@ class _Finder(cst.CSTVisitor):
         for index, arg in enumerate(node.args):
             if isinstance(arg.value, cst.Name) and not arg.star:
                 position = arg.keyword.value if arg.keyword is not None else index
-                self._kinds[id(arg.value)] = (_ARG, node, func.value, position)
+                self._kinds.setdefault(id(arg.value), (_ARG, node, func.value, position))
 
     def _reshape(self, node: cst.Call, func: cst.Attribute) -> None:
         values = [arg.value for arg in node.args]

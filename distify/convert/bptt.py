@@ -87,9 +87,11 @@ class StreamShardMixin(TransformerBase):
                    "taking the same number of steps; world size 1: the whole stream")
         if whole:
             names = _join(whole)
-            message += (f". {names} {'is' if len(whole) == 1 else 'are'} not trained on and "
-                        "stay whole on every process: their evaluation is the single-process "
-                        "value (exact, not faster)")
+            one = len(whole) == 1
+            message += (f". {names} {'is' if one else 'are'} not trained on and "
+                        f"{'stays' if one else 'stay'} whole on every process: "
+                        f"{'its' if one else 'their'} evaluation is the single-process value "
+                        "(exact, not faster)")
         self._edit(sharded, "shard-stream", message)
         return new
 
