@@ -248,14 +248,15 @@ def test_a_stream_only_evaluated_stays_whole() -> None:
             return total / (len(source) - 1)
 
 
-        for step in range(10):
-            loss = model(torch.ones(4, 8)).sum()
+        batches = [torch.ones(4, 8) * k for k in range(10)]
+        for x in batches:
+            loss = model(x).sum()
             loss.backward()
             optimizer.step()
         print(evaluate(val_data))
         """)
     assert "val_data = batchify(tokens, 4)\n" in out and "shard_stream" not in out
-    assert len(_data_notes(result)) == 1  # the training loop is still not fed per process
+    assert len(_data_notes(result)) == 1  # the list-fed training loop still is not split
 
 
 def test_a_stream_also_used_otherwise_is_reported_not_sharded() -> None:
@@ -275,6 +276,13 @@ def test_a_stream_also_used_otherwise_is_reported_not_sharded() -> None:
     assert "`train_data` feeds a training loop but is also used otherwise " \
         "(`print(model(train_data.float().t()).sum())`)" in notes[0]
     assert "not fed by a DataLoader" in notes[1]
+
+
+def test_a_stream_read_in_a_lambda_is_used_otherwise() -> None:
+    result, out = _convert("train_data = batchify(tokens, 4)\nfirst = lambda: train_data[:1]\n"
+                           + _TRAIN_LOOP)
+    assert "shard_stream" not in out
+    assert "also used otherwise (`lambda: train_data[:1]`)" in _data_notes(result)[0]
 
 
 def test_a_batchify_from_another_module_is_not_followed() -> None:

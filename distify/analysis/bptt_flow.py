@@ -131,6 +131,7 @@ class _Finder(cst.CSTVisitor):
         self._kinds: dict[int, tuple] = {}  # Name node → how its parent uses it
         self._context: cst.CSTNode | None = None  # the statement (or header) being read
         self._in_class: list[bool] = [False]  # is the innermost def or class a class?
+        self._lambdas: list[cst.Lambda] = []  # the lambdas being read
 
     # ------------------------------------------------------------ scopes and bindings
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
@@ -160,11 +161,17 @@ class _Finder(cst.CSTVisitor):
     def leave_ClassDef(self, original: cst.ClassDef) -> None:
         self._in_class.pop()
 
-    def visit_Lambda(self, node: cst.Lambda) -> bool:
+    def visit_Lambda(self, node: cst.Lambda) -> None:
         # it runs later, maybe elsewhere: whatever it reads is used otherwise
-        for name in _names_read(node.body):
-            self._use(name, _OTHER, node)
-        return False
+        self._lambdas.append(node)
+        params = node.params
+        for param in (*params.posonly_params, *params.params, *params.kwonly_params,
+                      params.star_arg, params.star_kwarg):
+            if isinstance(param, cst.Param):
+                self._skip.add(id(param.name))
+
+    def leave_Lambda(self, original: cst.Lambda) -> None:
+        self._lambdas.pop()
 
     def visit_Import(self, node: cst.Import) -> bool:
         for alias in node.names:
@@ -330,6 +337,8 @@ class _Finder(cst.CSTVisitor):
 
     def _use(self, name: str, kind: str, node: cst.CSTNode, callee: str | None = None,
              position: int | str | None = None) -> None:
+        if self._lambdas:
+            kind, node = _OTHER, self._lambdas[0]
         self.uses.append(_Use(name, self.scope, tuple(self.scope.loops), kind, node, callee,
                               position))
 
@@ -489,28 +498,6 @@ def _root_name(node: cst.BaseExpression) -> str | None:
     while isinstance(node, (cst.Call, cst.Attribute, cst.Subscript)):
         node = node.func if isinstance(node, cst.Call) else node.value
     return node.value if isinstance(node, cst.Name) else None
-
-
-def _names_read(node: cst.CSTNode) -> set[str]:
-    collector = _Names()
-    node.visit(collector)
-    return collector.names
-
-
-class _Names(cst.CSTVisitor):
-    def __init__(self) -> None:
-        self.names: set[str] = set()
-
-    def visit_Name(self, node: cst.Name) -> None:
-        self.names.add(node.value)
-
-    def visit_Attribute(self, node: cst.Attribute) -> bool:
-        node.value.visit(self)
-        return False
-
-    def visit_Arg(self, node: cst.Arg) -> bool:
-        node.value.visit(self)
-        return False
 
 
 def _code(node: cst.CSTNode) -> str:
