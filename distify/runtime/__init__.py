@@ -11,6 +11,7 @@ except ImportError as _err:
     raise ImportError("distify's runtime needs PyTorch, which is not installed: "
                       "pip install torch (or pip install \"distify[torch]\")") from _err
 
+from ._checkpoint import load_state, save_state
 from ._collectives import (
     broadcast_object,
     gather,
@@ -50,6 +51,6 @@ __all__ = [
     "local_rank", "local_world_size", "main_process_first", "mixed_precision", "on_main_process",
     "open", "prepare", "print", "rank", "reduce", "reduce_meters", "save", "set_seed",
     "shared_generator", "sync_gradients", "unwrap", "wait_for_everyone", "world_size",
-    "data_generator", "numpy_random", "python_random", "shard_stream",
+    "data_generator", "numpy_random", "python_random", "save_state", "load_state", "shard_stream",
     "any_process", "all_processes",
 ]

@@ -180,6 +180,16 @@ class _SharedDraws:
         self.count = 0
 
 
+def shared_draws() -> int:
+    """How many ``shared_generator`` draws this process made (for ``save_state``)."""
+    return _state.current().part(_SharedDraws).count
+
+
+def restore_shared_draws(count: int) -> None:
+    """Number the next ``shared_generator`` draws on from ``count`` (``load_state``)."""
+    _state.current().part(_SharedDraws).count = count
+
+
 def wait_for_everyone() -> None:
     """Block until every rank arrives here (a barrier); nothing happens in a single process."""
     _barrier("wait_for_everyone")

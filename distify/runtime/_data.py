@@ -53,7 +53,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler, SequentialSampler
 
-from . import _debug, _model, _objects, _state, _stream
+from . import _debug, _model, _objects, _random, _state, _stream
 from ._tree import map_tensors, tensors_in
 
 #: units per broadcast of the shuffled order (rounded to a whole number of global batches)
@@ -77,6 +77,16 @@ def current_padding() -> int:
     return _state.current().part(_Padding).repeated
 
 
+@dataclasses.dataclass(frozen=True)
+class Position:
+    """Where a prepared loader is (see :meth:`PreparedDataLoader.position`)."""
+
+    epochs: int
+    done: int
+    finished: bool
+    epoch_random: Any
+
+
 class PreparedDataLoader:
     """Iterates a DataLoader (the original, or its sharded copy) and moves batches to the device.
 
@@ -92,16 +102,49 @@ class PreparedDataLoader:
         self._sampler = sampler
         self._stream = stream
         self._device = device
+        #: where the loader is, for ``distify.save_state``: see :meth:`position`
+        self._epochs = 0
+        self._done = 0
+        self._finished = True
+        self._epoch_random: Any = None
+        self._resume: Position | None = None
 
     def __iter__(self) -> Iterator[Any]:
+        resume, self._resume = self._resume, None
+        now = _random.snapshot(self._original.generator)
+        start = resume.epoch_random if resume is not None else now
+        if resume is not None:  # draw this epoch's order as the interrupted run did
+            _random.restore(start, self._original.generator)
+        self._epoch_random, self._epochs, self._done, self._finished = \
+            start, self._epochs + 1, 0, False
         batches = self._stream_batches() if self._stream is not None else self._batches()
+        if resume is not None:
+            # Read past what the interrupted run had trained on (loading it, so that workers
+            # and in-process augmentations draw what they drew then), then continue from this
+            # process's random state as it was when the loop asked for the batches.
+            for _ in islice(batches, resume.done):
+                self._done += 1
+            _random.restore(now, self._original.generator)
         padding = _state.current().part(_Padding)
         try:
             for batch, repeated in batches:
                 padding.repeated = repeated
+                self._done += 1
                 yield batch if self._device is None else map_tensors(batch, self._move)
+            self._finished = True
         finally:
             padding.repeated = 0
+
+    def position(self) -> Position:
+        """Where this loader is: epochs started, batches given in the current one (and whether
+        it ended), and the random state at its start (this process's)."""
+        return Position(self._epochs, self._done, self._finished, self._epoch_random)
+
+    def resume_from(self, position: Position) -> None:
+        """Make the next ``iter()`` continue the epoch ``position`` was taken in (when it had
+        not ended), with the same order and the same batches, skipping those given already."""
+        self._epochs = position.epochs - (0 if position.finished else 1)
+        self._resume = None if position.finished else position
 
     def __len__(self) -> int:
         return len(self._loader)

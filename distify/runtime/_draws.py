@@ -108,6 +108,34 @@ def python_random() -> Any:
     return generators.python
 
 
+def snapshot() -> dict[str, Any]:
+    """This rank's generators' states (for ``save_state``)."""
+    generators = _generators()
+    return {
+        "torch": {str(place): (seed, generator.get_state())
+                  for place, (seed, generator) in generators.torch.items()},
+        "numpy": None if generators.numpy is None else generators.numpy.get_state(),
+        "python": None if generators.python is None else generators.python.getstate()}
+
+
+def restore(state: dict[str, Any]) -> None:
+    """Put back what :func:`snapshot` took (``load_state``)."""
+    generators = _generators()
+    generators.torch = {}
+    for place, (seed, generator_state) in state["torch"].items():
+        generator = torch.Generator(device=place)
+        generator.set_state(generator_state)
+        generators.torch[torch.device(place)] = (seed, generator)
+    if state["numpy"] is not None:
+        import numpy
+
+        generators.numpy = numpy.random.RandomState()
+        generators.numpy.set_state(state["numpy"])
+    if state["python"] is not None:
+        generators.python = _random.Random()
+        generators.python.setstate(state["python"])
+
+
 def _rank_seed(seed: int) -> int:
     return (seed + _SPREAD * (_state.rank() + 1)) % 2 ** 64
 

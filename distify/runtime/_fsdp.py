@@ -40,6 +40,7 @@ not what ``state_dict()`` returns.
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import warnings
 import weakref
@@ -50,7 +51,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from . import _buffers, _debug, _objects, _state
+from . import _buffers, _debug, _objects, _state, _strategy
 from ._errors import DistifyError
 from ._strategy import DistributedModel, Strategy, register
 from ._subclass import original_class
@@ -171,6 +172,7 @@ class FSDPStrategy(Strategy):
         #: id of an unsharded parameter -> (a weak reference to it, its sharded replacement)
         self.replaced: dict[int, tuple[weakref.ref, nn.Parameter]] = {}
         self.optimizers: weakref.WeakSet = weakref.WeakSet()
+        self.models: weakref.WeakSet = weakref.WeakSet()
 
     @classmethod
     def options_from_environment(cls) -> FsdpOptions:
@@ -207,6 +209,7 @@ class FSDPStrategy(Strategy):
                 self.replaced[id(old)] = (weakref.ref(old), param)
         for optimizer in list(self.optimizers):  # prepared before this model
             self._point_at_shards(optimizer)
+        self.models.add(model)
         return FSDPModel(model)
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
@@ -424,6 +427,49 @@ def _full_optimizer_state_dicts(optimizer: torch.optim.Optimizer) -> None:
 
     optimizer.state_dict = state_dict  # type: ignore[method-assign]
     optimizer.load_state_dict = load_state_dict  # type: ignore[method-assign]
+
+
+def sharded_optimizer_state(optimizer: torch.optim.Optimizer) -> dict:
+    """The optimizer's state as shards (torch.distributed.checkpoint's layout), for
+    ``save_state`` with ``SHARDED_STATE_DICT``; ``optimizer.state_dict()`` stays the full one."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    with _plain_state_dicts(optimizer):
+        return get_optimizer_state_dict(_owner(optimizer), optimizer)
+
+
+def load_sharded_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """Load what :func:`sharded_optimizer_state` gave, read back by torch.distributed.checkpoint."""
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+    with _plain_state_dicts(optimizer):
+        set_optimizer_state_dict(_owner(optimizer), optimizer, state)
+
+
+@contextlib.contextmanager
+def _plain_state_dicts(optimizer: torch.optim.Optimizer):
+    """The optimizer's own ``state_dict``/``load_state_dict`` (not the full ones), for torch's
+    sharded-state helpers."""
+    patched = {name: optimizer.__dict__.pop(name) for name in ("state_dict", "load_state_dict")
+               if name in optimizer.__dict__}
+    try:
+        yield
+    finally:
+        optimizer.__dict__.update(patched)
+
+
+def _owner(optimizer: torch.optim.Optimizer) -> nn.Module:
+    """The one sharded model whose parameters ``optimizer`` trains."""
+    strategy = _strategy.current()
+    params = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    owners = [model for model in getattr(strategy, "models", ())
+              if params & {id(p) for p in model.parameters()}]
+    if len(owners) != 1:
+        raise DistifyError(
+            f"fsdp_state_dict_type SHARDED_STATE_DICT: an optimizer must train one sharded "
+            f"model for its state to be sharded, this one trains {len(owners)}; use "
+            "FULL_STATE_DICT")
+    return owners[0]
 
 
 def _indices(state_dict: dict) -> list[int]:

@@ -163,6 +163,11 @@ class _SkipAwareScheduler(PicklesAsOriginal):
         return super().step(*args, **kwargs)  # type: ignore[misc]
 
 
+def loss_scaler() -> torch.amp.GradScaler | None:
+    """The fp16 loss scaler, once made (None before the first fp16 backward, or without fp16)."""
+    return _part().scaler
+
+
 def _grad_scaler() -> torch.amp.GradScaler:
     part = _part()
     if part.scaler is None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 from torch import nn
 from torch.optim import Optimizer, lr_scheduler
 from torch.utils.data import DataLoader
 
+from . import _state
 from ._data import PreparedDataLoader, prepare_loader
 from ._errors import DistifyTypeError
 from ._model import prepare_model
@@ -41,18 +43,48 @@ def prepare(*objects: Any, shard: bool = True, device_placement: bool = True) ->
     Raises:
         DistifyTypeError: an object of another type was given.
     """
-    prepared = tuple(_prepare_one(obj, shard, device_placement) for obj in objects)
-    return prepared[0] if len(prepared) == 1 else prepared
+    results = tuple(_prepare_one(obj, shard, device_placement) for obj in objects)
+    return results[0] if len(results) == 1 else results
+
+
+class Prepared:
+    """The runtime's part (see ``_state.Runtime``): what was prepared, by kind, in order (the
+    same order on every rank, and in every run of the script), for ``save_state``."""
+
+    KINDS = ("models", "optimizers", "schedulers", "loaders")
+
+    def __init__(self) -> None:
+        self.refs: dict[str, list[weakref.ref]] = {kind: [] for kind in self.KINDS}
+        self.ids: set[int] = set()
+
+    def add(self, kind: str, obj: Any) -> None:
+        if id(obj) in self.ids and any(ref() is obj for ref in self.refs[kind]):
+            return
+        self.ids.add(id(obj))
+        self.refs[kind].append(weakref.ref(obj))
+
+    def live(self, kind: str) -> list[Any]:
+        """The prepared objects of ``kind`` still alive, in the order they were prepared."""
+        return [obj for obj in (ref() for ref in self.refs[kind]) if obj is not None]
+
+
+def prepared() -> Prepared:
+    """This process's :class:`Prepared`."""
+    return _state.current().part(Prepared)
 
 
 def _prepare_one(obj: Any, shard: bool, device_placement: bool) -> Any:
     if isinstance(obj, nn.Module):
-        return prepare_model(obj, device_placement=device_placement)
-    if isinstance(obj, Optimizer):
-        return prepare_optimizer(obj)
-    if isinstance(obj, _SCHEDULERS):
-        return prepare_scheduler(obj)
-    if isinstance(obj, (DataLoader, PreparedDataLoader)):
-        return prepare_loader(obj, shard=shard, device_placement=device_placement)
-    raise DistifyTypeError(f"distify.prepare cannot prepare a {type(obj).__name__}: pass models, "
-                           "optimizers, LR schedulers and DataLoaders")
+        kind, result = "models", prepare_model(obj, device_placement=device_placement)
+    elif isinstance(obj, Optimizer):
+        kind, result = "optimizers", prepare_optimizer(obj)
+    elif isinstance(obj, _SCHEDULERS):
+        kind, result = "schedulers", prepare_scheduler(obj)
+    elif isinstance(obj, (DataLoader, PreparedDataLoader)):
+        kind, result = "loaders", prepare_loader(obj, shard=shard,
+                                                 device_placement=device_placement)
+    else:
+        raise DistifyTypeError(f"distify.prepare cannot prepare a {type(obj).__name__}: pass "
+                               "models, optimizers, LR schedulers and DataLoaders")
+    prepared().add(kind, result)
+    return result
