@@ -47,6 +47,13 @@ class _Scope:
     #: per-process counts of such a loop (``steps += 1`` in it, its ``enumerate`` index),
     #: which a reduced sum must not be divided by as they are
     counts: set[str] = field(default_factory=set)
+    #: dicts built here that hold an optimizer's state (a training-state checkpoint)
+    training_states: set[str] = field(default_factory=set)
+
+
+#: what preparing a model does on several processes (the report's words)
+DISTRIBUTED = ("wrapped in DDP when running on several processes (or sharded, when the launch "
+               "config says FSDP)")
 
 
 @dataclass
@@ -278,6 +285,17 @@ class TransformerBase(cst.CSTTransformer):
         self._loops = self._loops_saved.pop()
         return updated
 
+    def _holds_optimizer_state(self, node: cst.BaseExpression) -> bool:
+        """Does ``node`` hold an optimizer's ``state_dict()`` (a training-state checkpoint:
+        ``{"model": ..., "optimizer": optimizer.state_dict(), "epoch": epoch}``)?"""
+        if isinstance(node, cst.Name):
+            return node.value in self._scope.training_states
+        optimizers = {name for by_scope in self.facts.training.optimizer_models.values()
+                      for name in by_scope}
+        finder = _StateDictReceivers()
+        node.visit(finder)
+        return bool(finder.receivers & optimizers)
+
     def visit_Assign(self, node: cst.Assign) -> None:
         value = node.value
         names = [t.target.value for t in node.targets if isinstance(t.target, cst.Name)]
@@ -293,6 +311,8 @@ class TransformerBase(cst.CSTTransformer):
                 loop.resets.update(names)
         if isinstance(value, cst.List) and not value.elements:
             self._scope.lists.update(names)
+        if isinstance(value, cst.Dict) and self._holds_optimizer_state(value):
+            self._scope.training_states.update(names)
         if isinstance(value, cst.Call) and self._qual(value.func) in MEMORY_FILES:
             self._scope.buffers.update(names)
         if isinstance(value, cst.Call) and (dotted_name(value.func) or "").endswith("Meter"):
@@ -316,3 +336,17 @@ class TransformerBase(cst.CSTTransformer):
 
     def _in_model_class(self) -> bool:
         return bool(self._classes) and self._classes[-1]
+
+
+class _StateDictReceivers(cst.CSTVisitor):
+    """The dotted names whose ``.state_dict()`` an expression calls."""
+
+    def __init__(self) -> None:
+        self.receivers: set[str] = set()
+
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        if isinstance(func, cst.Attribute) and func.attr.value == "state_dict":
+            name = dotted_name(func.value)
+            if name is not None:
+                self.receivers.add(name)

@@ -22,7 +22,7 @@ import libcst as cst
 
 from distify.analysis.names import dotted_name
 from distify.analysis.training import BuildSite
-from distify.convert.base import TransformerBase
+from distify.convert.base import DISTRIBUTED, TransformerBase
 from distify.convert.syntax import _code, _is_rt_prepare, _shift_continuations
 
 
@@ -109,7 +109,7 @@ class ModelMixin(TransformerBase):
                         assign.value, cst.Call) else assign.value)
                 new = updated.with_changes(body=[assign.with_changes(value=call)])
                 self._edit(call, "prepare-model", f"`{name}` prepared where it is built: moved "
-                           "to the device and wrapped in DDP when running on several processes "
+                           f"to the device and {DISTRIBUTED} "
                            "(found from the loss it computes)")
                 return new
             line = cst.SimpleStatementLine(body=[cst.Assign(
@@ -156,5 +156,5 @@ class ModelMixin(TransformerBase):
         plural = "s" if len(models) > 1 else ""
         self._edit(line, "prepare-model", f"{', '.join(f'`{m}`' for m in models)} and the "
                    f"optimizer built by {callee}(...) prepared: the model{plural} moved to the "
-                   "device and wrapped in DDP when running on several processes")
+                   f"device and {DISTRIBUTED}")
         return [stmt, line]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from distify.convert.base import TransformerBase
+from distify.convert.base import DISTRIBUTED, TransformerBase
 from distify.convert.syntax import (
     _assigned_value,
     _callee,
@@ -76,14 +76,14 @@ class PrepareMixin(TransformerBase):
                 value=self._rt_call("prepare", *[_clone(n) for n in names]))])
             self._edit(line, "prepare-model",
                        f"{_join(models)} and its optimizer prepared: model moved to the "
-                       "device and wrapped in DDP when running on several processes")
+                       f"device and {DISTRIBUTED}")
             return [stmt, line]
         before = []
         for model, expr in zip(models, exprs):
             line = cst.SimpleStatementLine(body=[cst.Assign(
                 targets=[cst.AssignTarget(expr)], value=self._rt_call("prepare", _clone(expr)))])
             self._edit(line, "prepare-model", f"{model} prepared: moved to the device and "
-                       "wrapped in DDP when running on several processes")
+                       f"{DISTRIBUTED}")
             before.append(line)
         if len(stmt.body) > 1:  # `m = Net(); opt = SGD(m.parameters())`: m exists only after
             return [stmt, *before]

@@ -109,11 +109,24 @@ class SideEffectMixin(TransformerBase):
                     caveat = self._through_file_object(updated, name)
                 if caveat is None:
                     return self._retarget(updated, name, kind,
-                                          f"{qual} → {self.rt}.{name}: {what}")
+                                          f"{qual} → {self.rt}.{name}: {what}"
+                                          + self._resume_hint(original, name))
                 new = self._retarget(updated, name, kind, f"{qual} → {self.rt}.{name}")
                 self._edit(new, "checkpoint", caveat, human=True)
                 return new
         return None
+
+    def _resume_hint(self, call: cst.Call, name: str) -> str:
+        """For a save of the training state: what an exact resume of a distributed job needs
+        beyond it. The conversion keeps the script's own checkpoint (at world size 1 it must
+        write what the original writes), so it says where ``save_state`` would go instead."""
+        if name != "save" or not call.args or \
+                not self._holds_optimizer_state(call.args[0].value):
+            return ""
+        return (f"; it holds the training state: to resume a job killed mid-epoch exactly "
+                f"(data order, each process's random state) save with "
+                f"`{self.rt}.save_state(folder, epoch=...)` and resume with "
+                f"`{self.rt}.load_state(folder)` after prepare")
 
     def _rewrite_timestamp_method(self, original: cst.Call,
                                   updated: cst.Call) -> cst.BaseExpression | None:
