@@ -21,12 +21,13 @@ What it rewrites (each rewrite is recorded as a :class:`Edit` for the report):
   splits of the data set (drawn from the main process's generator on every process).
 
 Each family lives in its own mixin: :mod:`.models`, :mod:`.prepare`, :mod:`.devices`, :mod:`.loops`,
-:mod:`.side_effects`, :mod:`.randomness`, :mod:`.batch_shapes` and :mod:`.bptt` (their docstrings
-list their rewrites);
+:mod:`.side_effects`, :mod:`.randomness`, :mod:`.batch_shapes`, :mod:`.bptt`, :mod:`.stops` and
+:mod:`.full_batch` (their docstrings list their rewrites);
 :mod:`.base` holds the shared state, :mod:`.syntax` the node helpers.
 
 What it deliberately does not do: it never guesses. A training loop fed without a DataLoader,
-a data-dependent ``break`` in a training loop, a custom sampler, predictions collected into
+a data-dependent ``break`` in a training loop that no collective can decide where every process
+reaches it, a custom sampler, predictions collected into
 lists, are left as written and reported as :class:`Edit` notes with their node.
 """
 
