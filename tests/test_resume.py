@@ -106,6 +106,18 @@ def test_fsdp_restarted_matches_the_uninterrupted_run(tmp_path, uninterrupted,
     model.load_state_dict(plain)  # strict: the plain model's keys and shapes
 
 
+def test_convert_says_how_to_resume_exactly_where_a_script_saves_its_training_state() -> None:
+    from distify.convert.engine import convert_source
+
+    source = FIXTURES / "idioms" / "checkpoint_resume.in.py"
+    result = convert_source(source.read_bytes(), str(source))
+    hints = [change for change in result.changes if "save_state" in change.message]
+    # the dict with the optimizer's state, not the whole-model pickle saved beside it
+    assert [change.line for change in hints] == [136]
+    assert "distify.load_state(folder)` after prepare" in hints[0].message
+    assert b"save_state" not in result.output  # the script's own checkpoint stays
+
+
 # ------------------------------------------------------------------ the folder, in one process
 
 

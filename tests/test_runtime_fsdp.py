@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import subprocess
 import sys
 
 import pytest
@@ -103,6 +104,27 @@ def test_the_fsdp_checkpoint_loads_into_the_plain_model_on_one_process(runs) -> 
     for index, entry in plain["state"].items():
         for key, value in entry.items():
             torch.testing.assert_close(saved["state"][index][key], value, rtol=1e-3, atol=1e-5)
+
+
+def test_accelerate_launch_runs_the_fsdp_config_distify_writes(runs, tmp_path) -> None:
+    """The launch config distify writes (Accelerate's schema) runs under `accelerate launch`
+    too, which hands the FSDP settings to the runtime through the same variables."""
+    pytest.importorskip("accelerate")
+    from distify.launch.config import make_config, write_config
+    from tests.helpers import free_port
+
+    cfg = make_config(num_processes=2, distributed_type="FSDP", main_process_port=free_port(),
+                      fsdp_config={"fsdp_version": 2,
+                                   "fsdp_transformer_layer_cls_to_wrap": "Block"})
+    write_config(cfg, tmp_path / "train.yaml")
+    (tmp_path / "train.py").write_bytes((runs["fsdp"][0] / "train.py").read_bytes())
+    proc = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+                           "train.yaml", "train.py"], cwd=tmp_path,
+                          env=clean_env(PYTHONPATH=str(REPO)), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert result_line(proc.stdout)["val_loss"] == pytest.approx(runs["fsdp"][1]["val_loss"],
+                                                                 rel=1e-6)
 
 
 def test_one_process_is_the_original_whatever_the_strategy(tmp_path) -> None:
