@@ -72,6 +72,26 @@ def test_bad_environment_is_one_line_error(fresh, env, expected):
         assert part in message
 
 
+def test_reset_forgets_the_settings_and_everything_prepared(fresh):
+    from distify.runtime import _prepare, _strategy
+
+    fresh.setenv("DISTIFY_MIXED_PRECISION", "bf16")
+    model, optimizer = distify.prepare(Net(), torch.optim.SGD(Net().parameters(), lr=0.1))
+    assert distify.mixed_precision() == "bf16" and _strategy.current().name == "ddp"
+    assert _prepare.prepared().live("models") == [model]
+    _state.reset()
+    fresh.setenv("DISTIFY_MIXED_PRECISION", "no")
+    fresh.setenv("DISTIFY_STRATEGY", "fsdp")
+    assert _state.current().settings is None  # read again on first use
+    assert distify.mixed_precision() == "no" and _strategy.current().name == "fsdp"
+    assert _prepare.prepared().live("models") == []
+    fresh.setenv("DISTIFY_STRATEGY", "zero3")
+    _state.reset()
+    with pytest.raises(distify.DistifyError, match=r"unknown strategy 'zero3' \(from "
+                                                   r"DISTIFY_STRATEGY\): use one of ddp, fsdp"):
+        distify.init()
+
+
 def test_mixed_precision_precedence(fresh):
     fresh.setenv("ACCELERATE_MIXED_PRECISION", "fp16")
     fresh.setenv("DISTIFY_MIXED_PRECISION", "bf16")
