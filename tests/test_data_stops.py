@@ -119,6 +119,30 @@ REWRITES = [
                  "    finish_episode(model.loss)\n    if running_reward > 195:\n        break\n",
                  '    if distify.reduce(running_reward, op="mean") > 195:\n',
                  id="running-reward-the-backward-in-a-function"),
+    pytest.param("""\
+        def train():
+            for x, y in loader:
+                F.mse_loss(model(x), y).backward()
+                optimizer.step()
+
+
+        def score(batches):
+            total = 0
+            for x, y in batches:
+                total += (model(x) - y).abs().sum().item()
+            return total
+
+
+        for epoch in range(100):
+            train()
+            if score(loader) < 1:
+                break
+        """, '    if distify.reduce(score(loader), op="mean") < 1:\n',
+                 id="metric-of-a-function-that-does-not-reduce"),
+    pytest.param("batches = [next(it) for _ in range(steps())]\n"
+                 + _loop("if loss.item() < 0.01:\n    break\n", "for x, y in batches:"),
+                 '    if distify.reduce(loss.item(), op="mean") < 0.01:\n',
+                 id="per-process-batches-with-a-backward-every-step"),
     pytest.param(_loop("if not math.isfinite(loss.item()) or loss.item() > 1e6 or time.time() "
                        "> deadline:\n    break\n"),
                  "    if distify.any_process(\n            not math.isfinite(loss.item()) or "
@@ -225,6 +249,16 @@ NOTES = [
                  "                if F.mse_loss(model(x), y).item() < 0.01:",
                  "evaluation DataLoader's shards differ in length",
                  id="return-from-an-evaluation-loop"),
+    pytest.param("batches = [next(it) for _ in range(steps())]\n"
+                 + _loop("if loss.item() < 0.01:\n    break\n", "for x, y in batches:").replace(
+                     "    loss.backward()\n", "    if loss.requires_grad:\n"
+                     "        loss.backward()\n"),
+                 "    if loss.item() < 0.01:", "it iterates `batches`, which may hold a different",
+                 id="per-process-batches-without-a-backward-every-step"),
+    pytest.param(_loop("try:\n    if loss.item() < 0.01:\n        break\nexcept ValueError:\n"
+                       "    pass\n"),
+                 "        if loss.item() < 0.01:", "a process that raises leaves early",
+                 id="in-a-try-block"),
     pytest.param("it = iter(loader)\nwhile True:\n    try:\n        x, y = next(it)\n"
                  "    except StopIteration:\n        break\n"
                  + _STEP + "    if loss.item() < 0.01:\n        break\n",

@@ -27,13 +27,15 @@ an exception handler, and every enclosing loop runs the same number of iteration
 process. A loop does when its source does and every exit from it is decided alike (by induction
 over its iterations: all processes start iteration k, reach each exit test together, take the
 same decision). A loop's source is alike when it iterates ``range(...)``/``count()`` or
-another value equal on every process, a DataLoader in a loop that trains (prepared training
-shards are padded to equal length; iterable datasets stop together), ``while True`` or a
-``while`` test decided alike; or whatever it iterates, when it runs a backward on every step,
-since DDP's gradient all-reduce then already needs the same number of steps everywhere. Not
-alike: an evaluation loop over a DataLoader (its shards differ by up to one batch), a loop over a
-per-process value. The demotions (an exit that cannot be decided alike makes its loop uneven,
-which makes every exit inside it unsafe) are iterated to a fixed point.
+a literal, a DataLoader in a loop that trains (prepared training shards are padded to equal
+length; iterable datasets stop together), ``while True`` or a ``while`` test decided alike; or
+whatever it iterates, when it calls ``backward`` on every step, since DDP's gradient all-reduce
+then already needs the same number of steps everywhere. Not alike: an evaluation loop over a
+DataLoader (its shards differ by up to one batch), a loop over a per-process value or over a
+name that is no DataLoader (a list of batches may be one process's own). The demotions (an exit
+that cannot be decided alike makes its loop uneven, which makes every exit inside it unsafe) are
+iterated to a fixed point. Inside a ``try`` block with handlers, positions count as reached by
+only some processes (one that raises leaves early).
 
 **How a test is decided.** One ordering comparison of a per-process value with one equal
 everywhere (``loss.item() < 1.0``, ``running_reward > goal``, ``loss > eps``) compares the mean
@@ -528,7 +530,10 @@ class _Walk:
 
     def try_(self, node: cst.Try | cst.TryStar, path: _Path) -> None:
         entry = set(self.varying)
-        self.suite(node.body, path)
+        # a process that raises leaves the block early: what follows the raise is not run there
+        body_path = path.worse("it is in a `try` block, which a process that raises leaves "
+                               "early") if node.handlers else path
+        self.suite(node.body, body_path)
         after_body = set(self.varying)
         handler_path = path.worse("it is in an exception handler, which only the processes "
                                   "that raised run")
@@ -550,13 +555,17 @@ class _Walk:
         iterable = node.iter
         # a DataLoader, or a name that may hold one: its batches are per process, and its
         # number of batches too unless it pads them (in training)
-        data = self.ctx.is_loader(iterable) or _names_data(iterable)
+        loader = self.ctx.is_loader(iterable)
+        data = loader or _names_data(iterable)
         source = None
         if self.varies(iterable):
             source = f"it iterates `{_code(iterable)}`, which differs between processes"
         elif data and not trains:
             source = "a loop over data that does not train: an evaluation DataLoader's shards " \
                      "differ in length between processes"
+        elif data and not loader:  # a DataLoader pads its training shards; a list does not
+            source = f"it iterates `{_code(iterable)}`, which may hold a different number of " \
+                     "items on each process"
         if source is not None and every_step:
             source = None  # DDP's all-reduce in its every-step backward needs equal steps
         info = self._enter(node, trains, source)
@@ -621,14 +630,15 @@ class _Walk:
         return self._loop_trains_every_step(node)[0]
 
     def _loop_trains_every_step(self, node: cst.For | cst.While) -> tuple[bool, bool]:
-        """Does the loop run a backward pass, and on every step (a statement of its body,
-        and no ``continue`` anywhere that could skip it)?"""
+        """Does the loop run a backward pass (itself or through a function of the file), and
+        on every step (a statement of its body calls ``backward``, and no ``continue`` anywhere
+        could skip it)?"""
         key = id(node)
         if key not in self._trains:
             finder = _TrainingCalls(self.ctx)
             node.body.visit(finder)
             every_step = finder.found and not finder.continues and any(
-                _has_training_call(stmt, self.ctx) for stmt in _top_statements(node.body))
+                _has_backward(stmt, self.ctx) for stmt in _top_statements(node.body))
             self._trains[key] = (finder.found, every_step)
         return self._trains[key]
 
@@ -689,8 +699,9 @@ def _is_training_call(call: cst.Call, ctx: NestContext) -> bool:
             and func.attr.value in ctx.training_functions)
 
 
-def _has_training_call(stmt: cst.CSTNode, ctx: NestContext) -> bool:
-    finder = _TrainingCalls(ctx)
+def _has_backward(stmt: cst.CSTNode, ctx: NestContext) -> bool:
+    """Does ``stmt`` itself run a backward pass (not a function that may run one, or not)?"""
+    finder = _TrainingCalls(NestContext(ctx.rt, ctx.qual, ctx.is_loader, ctx.is_exit))
     stmt.visit(finder)
     return finder.found
 
