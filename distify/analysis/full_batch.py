@@ -31,8 +31,8 @@ from collections.abc import Callable
 import libcst as cst
 
 from distify.analysis.draws import draw_family
-from distify.analysis.names import dotted_name
-from distify.analysis.stops import bound_names, read_names
+from distify.analysis.names import dotted_name, read_names
+from distify.analysis.stops import bound_names
 
 
 def is_full_batch(loop: cst.For | cst.While, models: set[str],

@@ -138,6 +138,23 @@ def dotted_name(node: cst.BaseExpression) -> str | None:
     return ".".join(reversed(parts))
 
 
+def read_names(node: cst.CSTNode) -> set[str]:
+    """The plain names a LibCST subtree reads: ``a.b[c]`` reads ``a`` and ``c``, not ``b``."""
+    import libcst as cst
+
+    found: set[str] = set()
+    stack = [node]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, cst.Name):
+            found.add(node.value)
+        elif isinstance(node, cst.Attribute):
+            stack.append(node.value)
+        else:
+            stack.extend(node.children)
+    return found
+
+
 def ast_dotted_name(node: ast.AST) -> str | None:
     """``a.b.c`` for a chain of ``ast`` Name/Attribute nodes, else None."""
     parts: list[str] = []

@@ -60,7 +60,7 @@ from typing import Literal
 
 import libcst as cst
 
-from distify.analysis.names import dotted_name
+from distify.analysis.names import dotted_name, read_names
 
 Action = Literal["reduce", "any", "all", "note"]
 
@@ -781,26 +781,6 @@ def _calls(node: cst.CSTNode) -> list[cst.Call]:
     finder = _Calls()
     node.visit(finder)
     return finder.calls
-
-
-class _Names(cst.CSTVisitor):
-    def __init__(self) -> None:
-        super().__init__()
-        self.names: set[str] = set()
-
-    def visit_Name(self, node: cst.Name) -> None:
-        self.names.add(node.value)
-
-    def visit_Attribute(self, node: cst.Attribute) -> bool:
-        node.value.visit(self)
-        return False
-
-
-def read_names(node: cst.CSTNode) -> set[str]:
-    """The plain names ``node`` reads (``a.b[c]`` reads ``a`` and ``c``)."""
-    finder = _Names()
-    node.visit(finder)
-    return finder.names
 
 
 def bound_names(target: cst.BaseExpression) -> set[str]:

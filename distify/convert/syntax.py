@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import libcst as cst
 
-from distify.analysis.names import dotted_name
+from distify.analysis.names import dotted_name, read_names
 
 _LOOP_WRAPPERS = {"enumerate", "tqdm", "tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm",
                   "iter", "zip"}
@@ -125,25 +125,9 @@ def _is_zero(node: cst.BaseExpression) -> bool:
     return False
 
 
-class _NameCollector(cst.CSTVisitor):
-    """The plain names a subtree reads (``a.b`` contributes ``a``)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.names: set[str] = set()
-
-    def visit_Name(self, name: cst.Name) -> None:
-        self.names.add(name.value)
-
-    def visit_Attribute(self, attr: cst.Attribute) -> bool:
-        attr.value.visit(self)
-        return False
-
-
 def _names_in(node: cst.CSTNode) -> set[str]:
-    collector = _NameCollector()
-    node.visit(collector)
-    return collector.names
+    """The plain names a subtree reads (``a.b`` contributes ``a``)."""
+    return read_names(node)
 
 
 def _leaves_loop(body: cst.BaseSuite, is_exit) -> bool:
