@@ -301,8 +301,10 @@ def _train_loop(draw, n, p):
         body += _lines(backward, f"{p}optimizer.step()")
     if has_i and draw(st.booleans()):
         body += _lines("if i % 10 == 0:", (1, 'print(f"step {i} loss {loss.item():.4f}")'))
-    if style == 1:
-        body += _lines("if loss.item() < 1e-3:", (1, "break"))
+    if style == 1:  # a data-dependent stop: decided on the mean, or whole
+        body += _lines(draw(st.sampled_from(["if loss.item() < 1e-3:",
+                                             "if loss.item() < 1e-3 and epoch > 0:"])),
+                       (1, "break"))
     if style == 2 and has_i:
         body = [(d, t) for d, t in body if "zero_grad" not in t]
         body += _lines("if (i + 1) % 4 == 0:", (1, f"{p}optimizer.zero_grad()"))
