@@ -46,8 +46,8 @@ def _convert(body: str):
 
 
 def _kinds(result) -> tuple[list[str], list[str]]:
-    """The messages of the data changes (full-batch lines) and of the data notes."""
-    return ([c.message for c in result.changes if c.kind == "data"],
+    """The messages of the full-batch report lines and of the data notes."""
+    return ([c.message for c in result.changes if c.kind == "full-batch"],
             [n.message for n in result.notes if n.kind == "data"])
 
 
