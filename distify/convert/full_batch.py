@@ -48,10 +48,11 @@ class FullBatchMixin(TransformerBase):
         if not is_full_batch(outermost, self._models_that_train(), self._qual):
             return False
         self._full_batch_nests.add(id(outermost))
-        self._edit(node, "full-batch", "full-batch training: this loop is not fed by a DataLoader and "
-                   "its model reads the same inputs at every step, so every process trains on "
-                   "the whole data set. Their gradients are equal, so the result equals one "
-                   "process's (the data is not split, and more processes add no speed)")
+        self._edit(node, "full-batch", "full-batch training: this loop is not fed by a "
+                   "DataLoader and its model reads the same inputs at every step, so every "
+                   "process trains on the whole data set. Their gradients are equal, so the "
+                   "result equals one process's (the data is not split, and more processes add "
+                   "no speed)")
         return True
 
     def _models_that_train(self) -> set[str]:
