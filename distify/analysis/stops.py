@@ -201,7 +201,7 @@ class _Exit:
     varies: bool
     #: varies, and it leaves a loop that trains: rewritten, or reported
     candidate: bool
-    #: the loops it leaves, and the loops around it (a while test: not its own loop)
+    #: the loops it leaves, and the loops around it (for a ``while`` test, its own too)
     leaves: list[_LoopInfo]
     inside: list[_LoopInfo]
     #: why its position is not reached alike on every process, or None
@@ -373,8 +373,8 @@ class _Walk:
                             varies)
         elif isinstance(target, (cst.Subscript, cst.Attribute)):
             root = _root_name(target)
-            if root is not None and (varies or (isinstance(target, cst.Subscript)
-                                                and self.varies(target.slice[0]))):
+            if root is not None and (varies or (isinstance(target, cst.Subscript) and any(
+                    self.varies(element) for element in target.slice))):
                 self.varying.add(root)
 
     # ------------------------------------------------------------------ statements
