@@ -56,6 +56,7 @@ def test_env_reports_versions_backends_and_the_relevant_variables(tmp_path: Path
     assert f"- torch: {torch.__version__} (" in out
     assert "- CUDA available: no" in out  # CUDA_VISIBLE_DEVICES is empty in clean_env
     assert "- torch.distributed: available (gloo: yes" in out
+    assert "; FSDP2 fully_shard: yes)" in out  # torch 2.13 has it, on the CPU too
     assert "    NCCL_DEBUG=INFO" in out and "    DISTIFY_TIMEOUT=42" in out
     assert "    CUDA_VISIBLE_DEVICES=" in out
     assert "secret" not in out

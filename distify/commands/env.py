@@ -157,7 +157,13 @@ def _distributed_facts(torch: Any) -> dict[str, Any]:
         return {"available": False}
     backends = {name: bool(getattr(dist, f"is_{name}_available", lambda: False)())
                 for name in ("gloo", "nccl", "mpi")}
-    return {"available": True, "backends": backends}
+    try:  # what distify's FSDP strategy needs
+        from torch.distributed.fsdp import fully_shard  # noqa: F401
+    except ImportError:
+        fsdp2 = False
+    else:
+        fsdp2 = True
+    return {"available": True, "backends": backends, "fsdp2": fsdp2}
 
 
 def _installed_version(distribution: str) -> str | None:
@@ -196,6 +202,8 @@ def _torch_lines(torch: dict[str, Any]) -> list[str]:
     dist = torch["distributed"]
     if isinstance(dist, dict) and dist["available"]:
         backends = ", ".join(f"{name}: {_yes(ok)}" for name, ok in dist["backends"].items())
+        if "fsdp2" in dist:
+            backends += f"; FSDP2 fully_shard: {_yes(dist['fsdp2'])}"
         dist = f"available ({backends})"
     elif isinstance(dist, dict):
         dist = "not available in this build"
