@@ -147,6 +147,10 @@ def convert(src: str) -> str:
                  "import torch\nimport distify.runtime as distify\n"
                  "perm = torch.randperm(len(ds), generator=distify.shared_generator())\n",
                  id="randperm-of-the-data-set"),
+    pytest.param("import torch\nperm = torch.randperm(data.num_nodes)\n",
+                 "import torch\nimport distify.runtime as distify\n"
+                 "perm = torch.randperm(data.num_nodes, generator=distify.shared_generator())\n",
+                 id="randperm-of-the-nodes"),
 ])
 def test_single_rewrites(before: str, after: str) -> None:
     assert convert(before) == after

@@ -112,6 +112,11 @@ def test_collectives_on_numbers_and_uneven_tensors(run):
         assert record["uneven"] == [[0, 0]] * 2 + [[1, 1]] * 3
         assert record["objects"] == ["r0", "r1", "r1"]
         assert record["broadcast"] == "run-0"
+    numbers = results.get("numpy numbers", [])
+    assert len(numbers) in (0, 2)  # none where NumPy is not installed
+    for record in numbers:
+        assert (record["mean"], record["mean_type"]) == (0.5, "float32")
+        assert (record["total"], record["total_type"]) == (3, "int64")
 
 
 def test_only_the_main_process_writes_and_prints(run):
@@ -150,6 +155,8 @@ def test_shared_generator_draws_the_main_processs_split_on_every_rank(run):
     # the main process's draw and its generator afterwards are the original script's
     assert rank0["same_as_plain"] and rank0["same_state_after"]
     assert not rank1["same_as_plain"]  # left to its own generator, rank 1 splits differently
+    # and after the draw every rank's generator goes on as the main process's
+    assert rank0["state_after"] == rank1["state_after"]
     first0, first1 = _both(run[1], "shared_generator_first")
     assert first0["train"] == first1["train"]  # also inside main_process_first
 

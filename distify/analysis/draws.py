@@ -9,6 +9,7 @@ which reports them; each side looks at its own syntax tree and asks the same que
 from __future__ import annotations
 
 import ast
+import re
 
 from distify.analysis.names import ImportMap
 from distify.rules import Entry
@@ -35,6 +36,22 @@ def must_agree(name: str, first_arg_is_length: bool) -> bool:
     """Must every process draw alike? A ``randperm`` of a length permutes the data set; any
     other ``randperm`` (a batch's ``size(0)``, as mixup does) need not agree."""
     return name != "randperm" or first_arg_is_length
+
+
+#: a size that is a batch's, not the data set's
+_PER_BATCH = re.compile(r"\.size\(|\.shape\b|batch", re.IGNORECASE)
+_SIZE_NAME = re.compile(r"[A-Za-z_][\w.]*|\d+")
+
+
+def counts_the_data(argument: str) -> bool:
+    """Is a ``randperm``'s argument (its source) the size of the data set, whose permutation
+    every process must draw alike: ``len(ds)``, or a plain name or number (``num_nodes``,
+    ``data.num_nodes``, ``N``), not a batch's size (``x.size(0)``, ``x.shape[0]``,
+    ``batch_size``)?"""
+    argument = argument.strip()
+    if "len(" in argument:
+        return True
+    return bool(_SIZE_NAME.fullmatch(argument)) and not _PER_BATCH.search(argument)
 
 
 def how_to_seed(entry: Entry) -> str:

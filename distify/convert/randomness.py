@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from distify.analysis.draws import how_to_seed, must_agree, seeds_itself
+from distify.analysis.draws import counts_the_data, how_to_seed, must_agree, seeds_itself
 from distify.analysis.draws_flow import DrawFlow, find_draw_flow
 from distify.convert.base import TransformerBase
 from distify.convert.syntax import _EQUAL, _code
@@ -134,7 +134,8 @@ class RandomnessMixin(TransformerBase):
         # A permutation of the data set's indices, built once: not a per-batch shuffle, and on
         # the CPU (a CUDA randperm needs a CUDA generator).
         return (not self._loops and not self._classes and "device" not in keywords
-                and must_agree(name, bool(call.args) and "len(" in _code(call.args[0].value)))
+                and must_agree(name, bool(call.args)
+                               and counts_the_data(_code(call.args[0].value))))
 
     def _with_shared_generator(self, call: cst.Call) -> cst.Call:
         return self._with_generator(call, self._rt_call("shared_generator"))

@@ -22,17 +22,18 @@ def reduce(value: Any, op: str = "sum") -> Any:
     """Combine ``value`` over all ranks; every rank gets the result.
 
     Args:
-        value: a tensor, a Python int or float, or a nested tuple/list/dict of tensors.
+        value: a tensor, a Python or NumPy int or float, or a nested tuple/list/dict of
+            tensors.
         op: ``"sum"``, ``"mean"``, ``"max"`` or ``"min"``.
 
     Returns:
         The same kind of value: a new tensor on the input's device, an int for ints (a float for
-        ``"mean"``), a float for floats (summed in float64). In a single process, ``value``
-        itself.
+        ``"mean"``), a float for floats (summed in float64), a NumPy number of the same type for
+        a NumPy number. In a single process, ``value`` itself.
     """
     if op not in _OPS:
         raise DistifyError(f"unknown reduce op {op!r}: use one of {', '.join(_OPS)}")
-    number = isinstance(value, (bool, int, float))
+    number = isinstance(value, (bool, int, float)) or _is_numpy_scalar(value)
     if not number and not tensors_in(value):
         raise DistifyTypeError(f"distify.reduce takes tensors or Python numbers, not "
                                f"{type(value).__name__}")
@@ -134,9 +135,12 @@ def shared_generator() -> torch.Generator:
     """A CPU random generator that draws the same numbers on every rank: the main process's.
 
     For draws every process must agree on, such as a ``random_split`` of the data set or a
-    ``randperm`` of its indices: converted scripts pass it as ``generator=``. On the main
-    process (and in a single process) it is ``torch.default_generator`` itself, so the draw is
-    exactly what the original script makes; the other ranks get a copy of its current state.
+    ``randperm`` of its indices: converted scripts pass it as ``generator=``. It is
+    ``torch.default_generator`` itself, so the draw is exactly what the original script makes on
+    the main process (and in a single process); on the other ranks it first takes the main
+    process's state. So after the draw every rank's generator goes on as the main process's
+    does: a script that seeds every rank alike keeps the same random numbers on every rank (its
+    dropout masks, say, stay the single process's), as it had before the draw.
 
     Every rank must call it, the same number of times, but not at the same moment: the state
     goes through the job's key-value store, not a collective, so it also works inside
@@ -165,11 +169,9 @@ def shared_generator() -> torch.Generator:
         state = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
         if debug:
             _debug.check_same_draw(draws.count, store.get(f"{key}/site").decode())
-    if main:
-        return torch.default_generator
-    generator = torch.Generator()
-    generator.set_state(state)
-    return generator
+    if not main:
+        torch.default_generator.set_state(state)
+    return torch.default_generator
 
 
 class _SharedDraws:
@@ -234,9 +236,21 @@ def _first(leader: bool, name: str) -> Iterator[None]:
 
 
 def _reduce_number(value: Any, op: str) -> Any:
+    if _is_numpy_scalar(value):  # a NumPy number comes back as one of its own type
+        kind = type(value)
+        plain = value.item()
+        result = _reduce_number(plain, op)
+        return kind(result) if isinstance(plain, float) or op != "mean" else result
     dtype = torch.float64 if isinstance(value, float) else torch.int64
     result = _reduce_tensor(torch.tensor(value, dtype=dtype), op).item()
     return result if op == "mean" or isinstance(value, float) else int(result)
+
+
+def _is_numpy_scalar(value: Any) -> bool:
+    """A NumPy number (``np.float32(0.5)``, ``loss.mean()`` of an array); no NumPy import."""
+    kind = type(value)
+    return kind.__module__ == "numpy" and hasattr(value, "item") and \
+        getattr(value, "shape", None) == () and isinstance(value.item(), (bool, int, float))
 
 
 def _reduce_tensor(tensor: torch.Tensor, op: str) -> torch.Tensor:

@@ -7,6 +7,7 @@ main process also prints "hello from rank N" through distify.print.
 
 import atexit
 import copy
+import hashlib
 import io
 import json
 import os
@@ -168,6 +169,15 @@ report("collectives", sum_int=distify.reduce(RANK + 1), max_int=distify.reduce(R
        uneven=distify.gather(torch.full((RANK + 2, 2), RANK)).tolist(),
        objects=distify.gather([f"r{RANK}"] * (RANK + 1)),
        broadcast=distify.broadcast_object(f"run-{RANK}"))
+try:
+    import numpy
+except ImportError:  # torch's CPU wheel does not need it
+    numpy = None
+if numpy is not None:
+    mean = distify.reduce(numpy.float32(RANK), "mean")
+    total = distify.reduce(numpy.int64(RANK + 1))
+    report("numpy numbers", mean=float(mean), mean_type=type(mean).__name__,
+           total=int(total), total_type=type(total).__name__)
 
 # One writer: only rank 0 saves and prints; main_process_first runs rank 0's body first.
 distify.save(model.state_dict(), os.path.join(OUT, f"from_rank{RANK}.pt"))
@@ -228,7 +238,8 @@ torch.set_rng_state(before)
 plain = random_split(range(20), [15, 5])
 report("shared_generator", train=list(shared[0].indices), val=list(shared[1].indices),
        same_as_plain=[list(s.indices) for s in shared] == [list(p.indices) for p in plain],
-       same_state_after=torch.equal(after_shared, torch.get_rng_state()))
+       same_state_after=torch.equal(after_shared, torch.get_rng_state()),
+       state_after=hashlib.sha256(bytes(after_shared.tolist())).hexdigest())
 
 # A data helper that downloads, then splits, called inside main_process_first: the main process
 # runs it while the others wait, so the shared generator must not need them at that moment.

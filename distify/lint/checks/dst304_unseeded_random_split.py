@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 
-from distify.analysis.draws import how_to_seed, must_agree, seeds_itself
+from distify.analysis.draws import counts_the_data, how_to_seed, must_agree, seeds_itself
 from distify.lint.rule import Invalid, LintRule, Valid
 
 
@@ -43,6 +43,7 @@ class UnseededRandomSplit(LintRule):
             g = torch.Generator().manual_seed(42)
             train_set, val_set = random_split(dataset, [0.9, 0.1], generator=g)
             index = torch.randperm(batch.size(0))
+            shuffle = torch.randperm(batch_size)
         """),
         Valid("""
             from sklearn.model_selection import train_test_split
@@ -65,6 +66,13 @@ class UnseededRandomSplit(LintRule):
             torch.manual_seed(1234 + dist.get_rank())
             perm = torch.randperm(len(dataset))
         """, line=5),
+        Invalid("""
+            import torch
+            import torch.distributed as dist
+
+            perm = torch.randperm(data.num_nodes)
+            train_mask = perm[:140]
+        """, line=4),
         Invalid("""
             import numpy as np
             import torch.distributed as dist
@@ -93,7 +101,7 @@ class UnseededRandomSplit(LintRule):
         if seeds_itself(entry, keywords, len(node.args)):
             return
         short = (name or "").rpartition(".")[2]
-        if must_agree(short, bool(node.args) and _is_length(node.args[0])):
+        if must_agree(short, bool(node.args) and counts_the_data(ast.unparse(node.args[0]))):
             self.draws.append((node, short, how_to_seed(entry)))
 
     def finish(self) -> None:
@@ -110,8 +118,3 @@ def _mentions_rank(call: ast.Call) -> bool:
         if "rank" in text.lower():
             return True
     return False
-
-
-def _is_length(node: ast.expr) -> bool:
-    return any(isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name)
-               and sub.func.id == "len" for sub in ast.walk(node))
