@@ -36,6 +36,14 @@ def run_timed(cmd: list[str], *, env: dict[str, str] | None = None,
     return elapsed
 
 
+def error_excerpt(proc: subprocess.CompletedProcess) -> str:
+    """The lines of a failed job that say why (torchrun's summary alone does not)."""
+    text = (proc.stdout + proc.stderr).strip().splitlines()
+    why = [line for line in text if any(word in line for word in (
+        "Error", "error", "terminate", "what()", "Traceback", "Exception"))]
+    return "\n".join(why[-10:] + ["..."] + text[-8:])
+
+
 def median(values: list[float]) -> float:
     return statistics.median(values)
 

@@ -1,6 +1,9 @@
 """Runtime overhead: a training loop converted by distify vs distributed by hand vs Accelerate.
 
-Three versions of one training loop (benchmarks/runtime/):
+Two parts, each written to its own section of the results file (``--parts`` runs one and keeps
+the other's section as it was).
+
+**mlp** (DDP): three versions of one training loop (benchmarks/runtime/):
 
 - ``distify``: ``train_single.py``, a plain single-GPU script, converted by ``distify convert``
   in this run (the output lands in benchmarks/.work/runtime/, never edited by hand);
@@ -12,9 +15,15 @@ CPU with ``OMP_NUM_THREADS=1``; NCCL on GPUs), the variants alternating round by
 script times its own steady-state training step (warm-up steps and start-up excluded) and prints
 one JSON line from rank 0. Target (PRODUCT.md, issue 7): distify within 5% of hand-written DDP.
 
-    python benchmarks/runtime_overhead.py               # 7 rounds x 3 variants, ~4-5 min on 2 cores
-    python benchmarks/runtime_overhead.py --rounds 1 --no-record   # smoke run
-    bash benchmarks/gpu_check.sh                        # the CUDA/NCCL/bf16 variant (GPU machine)
+**fsdp** (issue 14): a small transformer (``runtime/blocks.py``) under hand-written FSDP2, the
+converted ``train_blocks_single.py`` under distify's FSDP and DDP strategies, and hand-written
+DDP: step time, memory per rank (held shards and peak), and an isolated in-job comparison of
+distify's FSDP with hand-written FSDP2 — see ``_runtime_fsdp.py``.
+
+    python benchmarks/runtime_overhead.py               # both parts, ~7-12 min on 2 shared cores
+    python benchmarks/runtime_overhead.py --parts fsdp  # the FSDP rows alone, ~4-7 min
+    python benchmarks/runtime_overhead.py --rounds 1 --fsdp-rounds 1 --no-record   # smoke run
+    bash benchmarks/gpu_check.sh                        # both on CUDA/NCCL/bf16 (GPU machine)
 """
 
 from __future__ import annotations
@@ -31,10 +40,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import _runtime_fsdp as fsdp_rows
 from _common import (
+    KEEP_MARKER,
     RESULTS,
     ROOT,
     WORK,
+    error_excerpt,
     machine,
     median,
     table,
@@ -49,6 +61,11 @@ SCRIPTS = ROOT / "benchmarks" / "runtime"
 SINGLE = SCRIPTS / "train_single.py"
 CONVERTED = WORK / "runtime" / "train_distify.py"
 VARIANTS = ("distify", "ddp", "accelerate")
+PARTS = ("mlp", "fsdp")
+#: the script each part converts, and where the converted script goes
+SOURCES = {"mlp": (SINGLE, CONVERTED), "fsdp": (fsdp_rows.SINGLE, fsdp_rows.CONVERTED)}
+#: the FSDP rows' section starts here; a run of one part keeps the other's section
+FSDP_MARKER = "<!-- the FSDP rows (runtime_overhead.py --parts fsdp rewrites them) -->"
 
 
 def rel(path: Path) -> str:
@@ -59,21 +76,21 @@ def rel(path: Path) -> str:
 
 
 # --------------------------------------------------------------------------- conversion
-def convert() -> tuple[str, str]:
-    """Convert train_single.py with the CLI; return the report and the diff."""
-    CONVERTED.parent.mkdir(parents=True, exist_ok=True)
-    CONVERTED.unlink(missing_ok=True)
-    CONVERTED.with_suffix(".yaml").unlink(missing_ok=True)
+def convert(single: Path = SINGLE, converted: Path = CONVERTED) -> tuple[str, str]:
+    """Convert ``single`` to ``converted`` with the CLI; return the report and the diff."""
+    converted.parent.mkdir(parents=True, exist_ok=True)
+    converted.unlink(missing_ok=True)
+    converted.with_suffix(".yaml").unlink(missing_ok=True)
     distify = venv_bin("distify")
-    diff = subprocess.run([distify, "convert", rel(SINGLE), "--diff"], cwd=ROOT,
+    diff = subprocess.run([distify, "convert", rel(single), "--diff"], cwd=ROOT,
                           capture_output=True, text=True)
-    report = subprocess.run([distify, "convert", rel(SINGLE), "-o", rel(CONVERTED)], cwd=ROOT,
+    report = subprocess.run([distify, "convert", rel(single), "-o", rel(converted)], cwd=ROOT,
                             capture_output=True, text=True)
-    if report.returncode != 0 or not CONVERTED.exists():
+    if report.returncode != 0 or not converted.exists():
         raise SystemExit(f"distify convert failed ({report.returncode}):\n{report.stdout}"
                          f"{report.stderr}")
-    if "distify.runtime" not in CONVERTED.read_text(encoding="utf-8"):
-        raise SystemExit(f"distify convert did not convert {rel(SINGLE)}:\n{report.stdout}")
+    if "distify.runtime" not in converted.read_text(encoding="utf-8"):
+        raise SystemExit(f"distify convert did not convert {rel(single)}:\n{report.stdout}")
     return report.stdout.strip(), diff.stdout
 
 
@@ -81,14 +98,6 @@ def convert() -> tuple[str, str]:
 def script_for(variant: str, converted: Path) -> Path:
     return {"distify": converted, "ddp": SCRIPTS / "train_ddp.py",
             "accelerate": SCRIPTS / "train_accelerate.py"}[variant]
-
-
-def error_excerpt(proc: subprocess.CompletedProcess) -> str:
-    """The lines of a failed job that say why (torchrun's summary alone does not)."""
-    text = (proc.stdout + proc.stderr).strip().splitlines()
-    why = [line for line in text if any(word in line for word in (
-        "Error", "error", "terminate", "what()", "Traceback", "Exception"))]
-    return "\n".join(why[-10:] + ["..."] + text[-8:])
 
 
 def run_variant(variant: str, converted: Path, args) -> dict:
@@ -158,6 +167,16 @@ def bench(args, converted: Path, variants: list[str]) -> dict[str, list[dict]]:
 
 
 # --------------------------------------------------------------------------- report
+def devices() -> str:
+    try:
+        import torch
+    except ImportError:
+        return "CPU, Gloo"
+    if torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}, NCCL"
+    return "CPU, Gloo"
+
+
 def render(args, variants, runs, report, diff, converted_note, micro) -> str:
     ok = {v: [r for r in runs[v] if r["ok"]] for v in variants}
     metrics = ("step_ms_mean", "step_ms_median", "cpu_ms_per_step")
@@ -178,17 +197,9 @@ def render(args, variants, runs, report, diff, converted_note, micro) -> str:
             ("--mixed-precision", args.mixed_precision, "no"))
         if value != default) + (f" --script-args {shlex.quote(args.script_args)}"
                                 if args.script_args else "")
-    devices = "CPU, Gloo"
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            devices = f"{torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}, NCCL"
-    except ImportError:
-        pass
     out = ["# Runtime overhead: converted vs hand-written DDP vs Accelerate\n",
            f"- date: {today()}",
-           f"- machine: {machine()}; devices: {devices}",
+           f"- machine: {machine()}; devices: {devices()}",
            f"- versions: {versions('torch', 'accelerate')}",
            f"- command: `{command}`",
            f"- launch: `python -m torch.distributed.run --standalone --nproc-per-node "
@@ -320,37 +331,71 @@ def render(args, variants, runs, report, diff, converted_note, micro) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.convert_only:
+        for part in args.parts:
+            print(convert(*SOURCES[part])[0])
+        return 0
+    texts, failed = {}, False
+    if "mlp" in args.parts:
+        texts["mlp"], failed = mlp_part(args)
+    if "fsdp" in args.parts:
+        texts["fsdp"], fsdp_failed = fsdp_part(args)
+        failed = failed or fsdp_failed
+    print("\n\n".join(texts.values()))
+    if not args.no_record:
+        write_results(args.results, merge_parts(args.results, texts))
+    return 1 if failed else 0
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
+                        help="mlp: converted vs hand-written DDP vs Accelerate (and the isolated "
+                             "measurement); fsdp: the FSDP rows (default: both)")
+    parser.add_argument("--rounds", type=int, default=7, help="rounds of the mlp part")
+    parser.add_argument("--fsdp-rounds", type=int, default=3, help="rounds of the FSDP rows")
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS per process")
     parser.add_argument("--mixed-precision", choices=["no", "bf16"], default="no")
     parser.add_argument("--script-args", default="",
-                        help="extra arguments for all three scripts, e.g. '--hidden 2048'")
-    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+                        help="extra arguments for the mlp part's three scripts, e.g. "
+                             "'--hidden 2048'")
+    parser.add_argument("--fsdp-script-args", default="",
+                        help="extra arguments for the FSDP rows' scripts, e.g. '--width 512'")
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
+                        help="the mlp part's variants")
     parser.add_argument("--converted", type=Path,
-                        help="use this already-converted script instead of converting (for a "
-                             "machine without libcst)")
+                        help="use this already-converted train_single.py instead of converting "
+                             "(for a machine without libcst)")
+    parser.add_argument("--converted-blocks", type=Path,
+                        help="the same for train_blocks_single.py (the FSDP rows)")
     parser.add_argument("--convert-only", action="store_true",
-                        help=f"convert train_single.py to {rel(CONVERTED)} and stop")
+                        help=f"convert the parts' scripts (to {rel(CONVERTED)}, "
+                             f"{rel(fsdp_rows.CONVERTED)}) and stop")
     parser.add_argument("--no-micro", action="store_true",
-                        help="skip the isolated per-step overhead measurement")
+                        help="skip the isolated measurements (micro_overhead.py, micro_fsdp.py)")
     parser.add_argument("--run-timeout", type=float, default=300)
     parser.add_argument("--results", type=Path, default=RESULTS / "runtime.md")
     parser.add_argument("--no-record", action="store_true", help="print, do not write results")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def converted_script(part: str, given: Path | None) -> tuple[Path, str, str, str]:
+    """The converted script of ``part`` (converted now unless ``given``), the note saying how,
+    the conversion report and its diff."""
+    single, converted = SOURCES[part]
+    if given is not None:
+        return (given.resolve(), f"pre-converted `{rel(given)}` (converted by the CLI before "
+                "this run)", "", "")
+    report, diff = convert(single, converted)
+    return converted, f"`distify convert {rel(single)} -o {rel(converted)}` in this run", \
+        report, diff
+
+
+def mlp_part(args: argparse.Namespace) -> tuple[str, bool]:
     started = time.perf_counter()
-    report = diff = ""
-    if args.converted is not None:
-        converted = args.converted.resolve()
-        note = f"pre-converted `{rel(converted)}` (converted by the CLI before this run)"
-    else:
-        report, diff = convert()
-        converted = CONVERTED
-        note = f"`distify convert {rel(SINGLE)} -o {rel(CONVERTED)}` in this run"
-        if args.convert_only:
-            print(report)
-            return 0
+    converted, note, report, diff = converted_script("mlp", args.converted)
     variants = list(args.variants)
     if "accelerate" in variants:
         try:
@@ -364,14 +409,31 @@ def main(argv: list[str] | None = None) -> int:
     micro = None if args.no_micro else run_micro(args)
     text = render(args, variants, runs, report, diff, note, micro)
     text += f"\n(benchmark wall time {time.perf_counter() - started:.0f} s)\n"
-    print(text)
-    if not args.no_record:
-        write_results(args.results, text)
     # A baseline that crashes while shutting down (after measuring) does not fail the benchmark;
     # distify doing so does.
     failed = any(not r["ok"] for v in variants for r in runs[v]) or \
-        any(r.get("exit_error") for r in runs.get("distify", []))
-    return 1 if failed or (micro is not None and not micro["ok"]) else 0
+        any(r.get("exit_error") for r in runs.get("distify", [])) or \
+        (micro is not None and not micro["ok"])
+    return text, failed
+
+
+def fsdp_part(args: argparse.Namespace) -> tuple[str, bool]:
+    started = time.perf_counter()
+    converted, note, report, _ = converted_script("fsdp", args.converted_blocks)
+    rows = fsdp_rows.bench(args, converted)
+    where = f"{today()}; {machine()}; {versions('torch')}; devices: {devices()}"
+    text = fsdp_rows.render(args, rows, note, report, where, time.perf_counter() - started)
+    return text, rows.failed()
+
+
+def merge_parts(path: Path, texts: dict[str, str]) -> str:
+    """The results file with the parts run now, and the others' sections as they were."""
+    old = {"mlp": "", "fsdp": ""}
+    if path.exists():
+        previous = path.read_text(encoding="utf-8").split(KEEP_MARKER, 1)[0]
+        old["mlp"], _, old["fsdp"] = previous.partition(FSDP_MARKER)
+    parts = [texts.get(part, old[part]).strip("\n") for part in PARTS]
+    return f"{parts[0]}\n\n{FSDP_MARKER}\n{parts[1]}\n" if parts[1] else parts[0] + "\n"
 
 
 if __name__ == "__main__":
