@@ -176,6 +176,40 @@ def test_no_op_neighbours(src: str) -> None:
     assert convert(src) == src
 
 
+_NEXT_LOOP = """\
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader
+
+loader = DataLoader(ds, batch_size=8, shuffle=True)
+model = nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+batches = {source}
+for step in range(20):
+    try:
+        x, y = next(batches)
+    except StopIteration:
+        batches = {source}
+        x, y = next(batches)
+    loss = model(x).sum()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+@pytest.mark.parametrize("source, fed", [
+    ("iter(loader)", True),
+    ("iter(make_batches())", False),
+], ids=["iter-of-a-loader", "iter-of-something-else"])
+def test_batches_drawn_with_next_from_a_loader_need_no_note(source: str, fed: bool) -> None:
+    """`batches = iter(train_loader)` + `next(batches)` (with a restart on StopIteration) is
+    fed by the prepared loader: its shard, reshuffled every epoch; not the data note."""
+    result = convert_source(_NEXT_LOOP.format(source=source).encode())
+    assert "distify.backward(loss)" in result.output.decode()
+    notes = [note.kind for note in result.notes]
+    assert ("data" not in notes) == fed, notes
+
+
 def test_optimizer_built_in_a_helper_prepares_the_model_there() -> None:
     src = ("import torch\n\ndef build(model):\n"
            "    return torch.optim.SGD(model.fc.parameters(), lr=0.1)\n")

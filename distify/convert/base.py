@@ -49,6 +49,8 @@ class _Scope:
     counts: set[str] = field(default_factory=set)
     #: dicts built here that hold an optimizer's state (a training-state checkpoint)
     training_states: set[str] = field(default_factory=set)
+    #: iterators over a DataLoader built here (``batches = iter(train_loader)``)
+    loader_iters: set[str] = field(default_factory=set)
 
 
 #: what preparing a model does on several processes (the report's words)
@@ -75,6 +77,8 @@ class _Loop:
     gathered: set[str] = field(default_factory=set)
     assigned: set[str] = field(default_factory=set)
     has_backward: bool = False
+    #: the loop draws batches with ``next(...)`` from an iterator over a DataLoader
+    next_from_loader: bool = False
     #: ``if (i + 1) % accum == 0: optimizer.step()`` tests (gradient accumulation)
     step_tests: list[cst.BaseExpression] = field(default_factory=list)
     targets: set[str] = field(default_factory=set)
@@ -256,6 +260,20 @@ class TransformerBase(cst.CSTTransformer):
             return "loader" in node.attr.value.lower()
         return False
 
+    def _iterates_a_loader(self, node: cst.BaseExpression) -> bool:
+        """``iter(train_loader)``: an iterator over a DataLoader."""
+        return (isinstance(node, cst.Call) and dotted_name(node.func) == "iter"
+                and len(node.args) == 1 and self._loaderish(node.args[0].value))
+
+    def _draws_from_a_loader(self, call: cst.Call) -> bool:
+        """``next(batches)`` of an iterator over a DataLoader, or ``next(iter(loader))``."""
+        if dotted_name(call.func) != "next" or not call.args:
+            return False
+        source = call.args[0].value
+        if isinstance(source, cst.Name):
+            return any(source.value in scope.loader_iters for scope in self._scopes)
+        return self._iterates_a_loader(source)
+
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
         self._classes.append(node.name.value in self.facts.model_classes)
         self._path.append(node.name.value)
@@ -313,6 +331,8 @@ class TransformerBase(cst.CSTTransformer):
             self._scope.lists.update(names)
         if isinstance(value, cst.Dict) and self._holds_optimizer_state(value):
             self._scope.training_states.update(names)
+        if self._iterates_a_loader(value):
+            self._scope.loader_iters.update(names)
         if isinstance(value, cst.Call) and self._qual(value.func) in MEMORY_FILES:
             self._scope.buffers.update(names)
         if isinstance(value, cst.Call) and (dotted_name(value.func) or "").endswith("Meter"):

@@ -238,7 +238,7 @@ class LoopMixin(TransformerBase):
         for loop in self._loops:
             loop.has_backward = True
         if node is not None and self._loops and not any(
-                loop.loaderish for loop in self._loops):
+                loop.loaderish or loop.next_from_loader for loop in self._loops):
             self._report_unsharded(node)
 
     def _report_unsharded(self, node: cst.CSTNode) -> None:

@@ -178,6 +178,9 @@ class DistifyTransformer(BatchShapeMixin, ModelMixin, PrepareMixin, DeviceMixin,
     # ---------------------------------------------------------------- calls
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
+        if self._loops and self._draws_from_a_loader(node):
+            for loop in self._loops:
+                loop.next_from_loader = True
         if isinstance(func, cst.Attribute) and switches_to_eval(
                 func.attr.value, [False if _is_literal_false(a.value) else a for a in node.args]):
             self._scope.saw_eval = True

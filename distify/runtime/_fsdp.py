@@ -202,7 +202,12 @@ class FSDPStrategy(Strategy):
         settings = self._shard_settings()
         for layer in layers:
             fully_shard(layer, **settings)
-        fully_shard(model, **settings)
+        # The root's own weights (embeddings, head) are not freed after the forward (torch's
+        # default, as Accelerate does): the backward starts with them, so freeing them would
+        # add an all-gather nothing can overlap.
+        root = {**settings, "reshard_after_forward": None} if settings[
+            "reshard_after_forward"] else settings
+        fully_shard(model, **root)
         for name, param in model.named_parameters():
             old = unsharded.get(name)
             if old is not None and old is not param:
