@@ -107,7 +107,23 @@ def help_examples() -> list[Example]:
     return found
 
 
-EXAMPLES = readme_examples() + help_examples()
+def _distinct(examples: list[Example]) -> list[Example]:
+    """One of each command: the README and a ``--help`` often show the same one (``distify
+    test --cpu --num_processes 4``); it runs once, unless their comments expect different
+    outcomes (an error, a warning)."""
+    seen, kept = set(), []
+    for example in examples:
+        comment = " ".join(line.split("#", 1)[1] for line in example.text.splitlines()
+                           if "#" in line)
+        key = (tuple(shlex.split(example.text.replace("\\\n", " "), comments=True)),
+               bool(re.search(r"\b(error|warn)", comment)))
+        if key not in seen:
+            seen.add(key)
+            kept.append(example)
+    return kept
+
+
+EXAMPLES = _distinct(readme_examples() + help_examples())
 
 
 # --- the folder the examples run in --------------------------------------------------------
