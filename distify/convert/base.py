@@ -109,35 +109,69 @@ def _is_count_up(value: cst.BaseExpression, names: list[str]) -> bool:
             and isinstance(value.right, (cst.Integer, cst.Float)))
 
 
+#: Whitespace, comments and the nodes that hold nothing else: a comma, a dot, an operator, a
+#: bracket. No rewrite looks inside them, so the traversal does not descend into them: they are
+#: about a third of a module's nodes, and LibCST would rebuild each one unchanged (for speed:
+#: ``benchmarks/results/convert.md``). A rewrite may still replace one as a whole.
+_PUNCTUATION = (
+    cst.SimpleWhitespace, cst.ParenthesizedWhitespace, cst.TrailingWhitespace, cst.EmptyLine,
+    cst.Newline, cst.Comment, cst.LeftParen, cst.RightParen, cst.LeftSquareBracket,
+    cst.RightSquareBracket, cst.LeftCurlyBrace, cst.RightCurlyBrace, cst.Comma, cst.Dot,
+    cst.AssignEqual, cst.Colon, cst.Semicolon, cst.BaseBinaryOp, cst.BaseUnaryOp, cst.BaseCompOp,
+    cst.BaseAugOp, cst.BaseBooleanOp)
+#: the node types found inside those: hooks for them would never run
+_INSIDE_PUNCTUATION = (cst.SimpleWhitespace, cst.ParenthesizedWhitespace, cst.TrailingWhitespace,
+                       cst.EmptyLine, cst.Newline, cst.Comment)
+
+
+def _own_hook(cls: type, name: str) -> Callable | None:
+    """``cls``'s hook ``name``, or None where it is LibCST's default (which does nothing)."""
+    method = getattr(cls, name, None)
+    return None if method is getattr(cst.CSTTransformer, name, None) else method
+
+
 class TransformerBase(cst.CSTTransformer):
     """Bookkeeping shared by the rewrite mixins; ``rt`` is the runtime's local name."""
 
     # LibCST looks up ``visit_<Node>`` / ``leave_<Node>`` by name for every node, and
     # ``visit_<Node>_<field>`` hooks for every field (which we never define). Caching the
     # lookup per node type and skipping the field hooks takes a third off a conversion.
-    _visit_methods: ClassVar[dict[type, Callable | None]] = {}
+    # LibCST's own do-nothing hooks are cached as None, so they are not called at all.
+    #: node type → (its visit hook or None, whether to visit its children)
+    _visit_plans: ClassVar[dict[type, tuple[Callable | None, bool]]] = {}
     _leave_methods: ClassVar[dict[type, Callable | None]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        cls._visit_methods, cls._leave_methods = {}, {}
-
-    def _hook(self, cache: dict, prefix: str, kind: type) -> Callable | None:
-        try:
-            return cache[kind]
-        except KeyError:
-            method = cache[kind] = getattr(type(self), f"{prefix}_{kind.__name__}", None)
-            return method
+        cls._visit_plans, cls._leave_methods = {}, {}
+        inside = [f"{prefix}_{kind.__name__}" for kind in _INSIDE_PUNCTUATION
+                  for prefix in ("visit", "leave")]
+        hooked = [name for name in inside if _own_hook(cls, name) is not None]
+        if hooked:  # on_visit would never call them
+            raise TypeError(f"{cls.__name__} defines {', '.join(hooked)}: the traversal does not "
+                            "descend into punctuation (see _PUNCTUATION)")
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         top = self._top_level.get(id(node))
         if top is not None:
             self._current_top = top
-        method = self._hook(self._visit_methods, "visit", type(node))
-        return method is None or method(self, node) is not False
+        kind = type(node)
+        try:
+            method, descend = self._visit_plans[kind]
+        except KeyError:
+            method, descend = self._visit_plans[kind] = (
+                _own_hook(type(self), f"visit_{kind.__name__}"),
+                not issubclass(kind, _PUNCTUATION))
+        if method is not None and method(self, node) is False:
+            return False
+        return descend
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):
-        method = self._hook(self._leave_methods, "leave", type(original_node))
+        kind = type(original_node)
+        try:
+            method = self._leave_methods[kind]
+        except KeyError:
+            method = self._leave_methods[kind] = _own_hook(type(self), f"leave_{kind.__name__}")
         return updated_node if method is None else method(self, original_node, updated_node)
 
     def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
