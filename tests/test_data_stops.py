@@ -8,7 +8,11 @@ two fixtures run for real (``tests/fixtures/stops/``):
   batches, the weights are updated by hand, and ``if loss < 1e-3: break`` ends an endless
   ``for batch_idx in count(1)``;
 - ``reinforce_corridor``: pytorch/examples' REINFORCE on a tiny corridor: each episode starts at
-  a random place, and ``if running_reward > args.reward_threshold: break`` ends training.
+  a random place, and ``if running_reward > args.reward_threshold: break`` ends training;
+- ``eval_when_close``: the MNIST example's layout, where ``test()`` (whose sums the conversion
+  reduces over the processes) runs only once ``train()``'s last loss is under a threshold. Left
+  as written, the processes whose loss is not under it skip the reduce and the others wait for
+  them forever; the test (a "gate" to a collective) is decided on the processes' mean.
 
 World size 1: the conversion prints, draws and saves exactly what the original does. Two
 processes (torchrun, Gloo): each draws its own batches, both leave the loop at the same step
@@ -35,8 +39,12 @@ from tests.helpers import FIXTURES, REPO, clean_env, result_line, run_torchrun
 HERE = FIXTURES / "stops"
 UPDATE = bool(os.environ.get("DISTIFY_UPDATE_GOLDEN"))
 NAMES = ["poly_regression", "reinforce_corridor"]
-PLANS = {name: Plan() for name in NAMES}
-CHECKPOINTS = {"poly_regression": "fc.pt", "reinforce_corridor": "policy.pt"}
+#: fixtures whose test leads to a collective rather than out of the loop
+GATES = ["eval_when_close"]
+PLANS = {**{name: Plan() for name in NAMES},
+         "eval_when_close": Plan(two_args=("--batch-size", "8"))}
+CHECKPOINTS = {"poly_regression": "fc.pt", "reinforce_corridor": "policy.pt",
+               "eval_when_close": "best.pt"}
 
 _HEAD = """\
 import math
@@ -278,6 +286,122 @@ def test_exits_no_collective_can_decide_are_reported(source: str, line: str, why
     assert why in notes[0].message
 
 
+# ------------------------------------------------------------------ tests that lead to a collective
+
+_EVALUATE = """\
+@torch.no_grad()
+def evaluate(loader):
+    correct = total = 0
+    for x, y in loader:
+        correct += (model(x) > 0).eq(y > 0).sum().item()
+        total += y.size(0)
+    return correct / total
+
+
+"""
+
+GATES_DECIDED = [
+    pytest.param(_EVALUATE + "for epoch in range(10):\n" + textwrap.indent(_loop(""), "    ")
+                 + "    if loss.item() < 0.5:\n        print(epoch, evaluate(val_loader))\n",
+                 '    if distify.reduce(loss.item(), op="mean") < 0.5:\n', "evaluate(val_loader)",
+                 id="evaluate-once-the-loss-is-low"),
+    pytest.param(_EVALUATE + "for epoch in range(10):\n" + textwrap.indent(_loop(""), "    ")
+                 + "    if not math.isfinite(loss.item()) or epoch == 9:\n"
+                 "        accuracy = evaluate(val_loader)\n",
+                 "    if distify.any_process(not math.isfinite(loss.item()) or epoch == 9):\n",
+                 "evaluate(val_loader)", id="any-process-for-a-compound-test"),
+    pytest.param(_EVALUATE + "def validate():\n    return evaluate(val_loader)\n\n\n"
+                 "for epoch in range(10):\n" + textwrap.indent(_loop(""), "    ")
+                 + "    if loss.item() < 0.5:\n        accuracy = validate()\n",
+                 '    if distify.reduce(loss.item(), op="mean") < 0.5:\n', "validate()",
+                 id="through-a-function-that-calls-the-evaluation"),
+    pytest.param(_EVALUATE + "for epoch in range(10):\n" + textwrap.indent(_loop(""), "    ")
+                 + "    if loss.item() > 2:\n        pass\n    else:\n"
+                 "        accuracy = evaluate(val_loader)\n",
+                 '    if distify.reduce(loss.item(), op="mean") > 2:\n', "evaluate(val_loader)",
+                 id="the-collective-in-the-else-branch"),
+]
+
+
+@pytest.mark.parametrize("before, after, collective", GATES_DECIDED)
+def test_tests_that_lead_to_a_collective_are_decided_alike(before: str, after: str,
+                                                          collective: str) -> None:
+    result = _convert(before)
+    out = result.output.decode()
+    assert after in out, out
+    stops = [c for c in result.changes if c.kind == "stop"]
+    assert len(stops) == 1 and f"(to `{collective}`, which every process must join)" \
+        in stops[0].message, [c.message for c in result.changes]
+    assert out.splitlines()[stops[0].line - 1] + "\n" == after
+    assert not [n for n in result.notes if n.kind == "divergence"]
+    # the report keeps every change of the loop it rewrote (the backward, a print)
+    assert "backward" in [c.kind for c in result.changes]
+    assert convert_source(result.output).output == result.output
+
+
+GATES_ALONE = [
+    pytest.param(_EVALUATE + "for epoch in range(10):\n" + textwrap.indent(_loop(""), "    ")
+                 + "    if epoch % 5 == 0:\n        print(evaluate(val_loader))\n",
+                 id="a-test-on-the-epoch"),
+    pytest.param(_EVALUATE + "best = 0\nfor epoch in range(10):\n"
+                 + textwrap.indent(_loop(""), "    ")
+                 + "    accuracy = evaluate(val_loader)\n    if accuracy > best:\n"
+                 "        best = accuracy\n        print(evaluate(val_loader))\n",
+                 id="a-test-on-a-reduced-metric"),
+    pytest.param(_loop("if loss.item() > 1:\n    print(loss.item())\n"),
+                 id="no-collective-in-the-branch"),
+]
+
+
+@pytest.mark.parametrize("source", GATES_ALONE)
+def test_tests_every_process_decides_alike_stay(source: str) -> None:
+    result = _convert(source)
+    assert not [c for c in result.changes if c.kind == "stop"], result.output.decode()
+    assert not [n for n in result.notes if n.kind == "divergence"]
+
+
+SITES = [
+    pytest.param(_EVALUATE + _loop("if step % 10 == 0:\n    print(evaluate(val_loader))\n",
+                                   "for step, (x, y) in enumerate(loader):").replace(
+        "    optimizer.zero_grad()\n", "    if torch.isnan(loss):\n        continue\n"
+        "    optimizer.zero_grad()\n"),
+        "        print(evaluate(val_loader))",
+        "after a `continue` that only some processes may take", id="after-a-per-process-continue"),
+    pytest.param(_EVALUATE + "for epoch in range(10):\n" + textwrap.indent(_loop(""), "    ")
+                 + "    try:\n        loss.item()\n    except RuntimeError:\n"
+                 "        print(evaluate(val_loader))\n",
+                 "        print(evaluate(val_loader))", "in an exception handler",
+                 id="in-an-exception-handler"),
+]
+
+
+@pytest.mark.parametrize("source, line, why", SITES)
+def test_collectives_only_some_processes_reach_are_reported(source: str, line: str,
+                                                             why: str) -> None:
+    result = _convert(source)
+    out = result.output.decode()
+    assert not [c for c in result.changes if c.kind == "stop"], out
+    notes = [n for n in result.notes if n.kind == "divergence"]
+    assert [out.splitlines()[n.line - 1] for n in notes] == [line.replace("print", "distify.print")]
+    assert why in notes[0].message and "hang" in notes[0].message
+    assert "`evaluate(val_loader)` needs every process" in notes[0].message
+
+
+def test_a_gate_no_collective_can_decide_is_reported() -> None:
+    source = _EVALUATE + _loop("if loss.item() < 0.5:\n    print(evaluate(val_loader))\n",
+                               "for x, y in loader:").replace(
+        "    optimizer.zero_grad()\n", "    if torch.isnan(loss):\n        continue\n"
+        "    optimizer.zero_grad()\n")
+    result = _convert(source)
+    out = result.output.decode()
+    assert not [c for c in result.changes if c.kind == "stop"], out
+    notes = [n for n in result.notes if n.kind == "divergence"]
+    assert [out.splitlines()[n.line - 1] for n in notes] == ["    if loss.item() < 0.5:"]
+    assert "leads to `evaluate(val_loader)`, which every process must join: the job may hang" \
+        in notes[0].message
+    assert "after a `continue`" in notes[0].message
+
+
 # ------------------------------------------------------------------ the fixtures
 
 
@@ -286,7 +410,7 @@ def _fixture(name: str):
     return convert_source(source.read_bytes(), str(source))
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", NAMES + GATES)
 def test_golden_output_and_idempotence(name: str) -> None:
     output = _fixture(name).output
     if UPDATE:
@@ -319,7 +443,7 @@ def runs(tmp_path_factory):
     return root, procs, procs.pop(("also", ""))
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", NAMES + GATES)
 def test_one_process_is_bit_identical_to_the_original(runs, name: str) -> None:
     import torch
 
@@ -366,6 +490,19 @@ def test_the_corridor_is_solved_on_the_mean_of_the_running_rewards(runs) -> None
     assert len(rewards) == 2 and sum(rewards) / 2 > threshold
     assert rewards[0] != rewards[1]  # each process's own episodes, and yet they left together
     assert "Solved!" in two.stdout and two.stdout.count("RESULT") == 1
+
+
+def test_a_gated_evaluation_runs_on_every_process_at_the_same_epochs(runs) -> None:
+    _, procs, _ = runs
+    one = procs["eval_when_close", "one"]
+    two = procs["eval_when_close", "two"]  # it ended: no process waited alone in a reduce
+    evals = list(tagged(two.stderr, "EVAL").values())
+    assert len(evals) == 2 and evals[0] == evals[1] and len(evals[0]) >= 2, evals
+    draws = list(tagged(two.stderr, "DRAW").values())
+    assert len(draws) == 2 and all(a != b for a, b in zip(*draws))
+    # the same global batch as one process: as good a model
+    assert result_line(two.stdout)["best"] >= result_line(one.stdout)["best"] - 10
+    assert two.stdout.count("RESULT") == 1
 
 
 def test_the_runtime_decides_alike_when_the_ranks_disagree(runs) -> None:

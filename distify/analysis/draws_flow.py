@@ -13,8 +13,9 @@ generator of their own process; this pass says which draws those are:
   innermost loop around them trains): a GAN's latent noise. Not the draws before the loop (model
   initialisation, a ``fixed_noise`` for pictures), not a draw in an ``if``/``while`` test (a
   branch every process must take alike);
-- **fed backwards**: the ``backward`` calls of loops that call a batch function (their batches
-  are drawn per process, so they need no note about a missing DataLoader);
+- **fed backwards**: the ``backward`` calls of loops that call a batch function, or that make
+  loop draws themselves (an episode's random start): their data is drawn per process, so they
+  need no note about a missing DataLoader;
 - **evaluation means**: ``losses.mean()`` (or ``np.mean(losses)``) after a loop of an evaluating
   function that draws its batches and fills ``losses[k] = ...`` (or appends to it): each
   process's mean of its own random batches, to be averaged over the processes.
@@ -234,11 +235,13 @@ class _Finder(cst.CSTVisitor):
         for scope in scopes:
             if scope.name in batch:
                 flow.batch_draws.update((id(call), family) for call, family in scope.draws)
+            drawing_loops = set()
             for call, loops in scope.loop_draws:
                 if loops[-1].has_backward and id(call) not in flow.batch_draws:
                     flow.loop_draws.add(id(call))
+                    drawing_loops.add(id(loops[-1]))
             for call, loops in scope.backwards:
-                if any(loop.calls & batch for loop in loops):
+                if any(loop.calls & batch or id(loop) in drawing_loops for loop in loops):
                     flow.fed_backwards.add(id(call))
             if scope.evaluates and not scope.has_backward:
                 for call, name, loops in scope.means:

@@ -67,6 +67,11 @@ Action = Literal["reduce", "any", "all", "note"]
 #: runtime calls whose result is the same on every process, whatever their arguments
 _AGREED = frozenset({"reduce", "any_process", "all_processes", "broadcast_object", "gather",
                      "gather_for_metrics", "world_size"})
+#: runtime calls every process must reach the same number of times (collectives and barriers)
+COLLECTIVES = frozenset({"reduce", "gather", "gather_for_metrics", "reduce_meters",
+                         "broadcast_object", "wait_for_everyone", "main_process_first",
+                         "local_main_process_first", "any_process", "all_processes",
+                         "save_state", "load_state"})
 #: builtins and library functions whose result depends on their arguments only
 _PURE_FUNCTIONS = frozenset({
     "abs", "all", "any", "bool", "dict", "divmod", "enumerate", "float", "int", "isinstance",
@@ -118,16 +123,28 @@ class NestContext:
     agrees: Callable[[str], bool] = lambda name: False
     #: the whole nest runs on the main process only (inside a block the rewrite guards)
     main_only: bool = False
+    #: does this call reach a collective (``rt.reduce(...)``, or a local function whose body,
+    #: as rewritten, does: an ``evaluate()`` whose sums the rewrite reduced)?
+    collective: Callable[[cst.Call], bool] = lambda call: False
     #: the indented blocks around the nest's loop (to place the tests' lines)
     depth: int = 0
 
 
 @dataclass(frozen=True)
 class Stop:
-    """An exit from a training loop whose test reads a per-process value, and what to do."""
+    """A test that processes may decide differently where that hangs the job, and what to do.
 
-    #: the ``if`` whose branch leaves, or the ``while`` whose test ends the loop
-    node: cst.If | cst.While
+    Three kinds: an ``exit`` from a training loop whose test reads a per-process value; a
+    ``gate``, an ``if`` on a per-process value whose branch reaches a collective
+    (``if loss.item() < 0.5: acc = evaluate()``, where ``evaluate`` reduces its sums); a
+    ``site``, a collective that only some processes reach for another reason (after a
+    ``continue`` only some take, in an exception handler), always a note.
+    """
+
+    #: the ``if`` whose branch leaves or reaches a collective, the ``while`` whose test ends
+    #: the loop, or (a site) the statement that calls the collective
+    node: cst.CSTNode
+    #: the test, or (a site) the call
     test: cst.BaseExpression
     #: the per-process names the test reads (for the report)
     names: tuple[str, ...]
@@ -140,6 +157,9 @@ class Stop:
     varies: bool = True
     #: the indented blocks around the ``if``/``while``
     depth: int = 0
+    kind: Literal["exit", "gate", "site"] = "exit"
+    #: for a gate: the first call in its branches that reaches a collective
+    collective: cst.Call | None = None
 
 
 def find_stops(loop: cst.For | cst.While, ctx: NestContext) -> list[Stop]:
@@ -166,7 +186,13 @@ def find_stops(loop: cst.For | cst.While, ctx: NestContext) -> list[Stop]:
         else:
             action = "all" if exit_.keeps_going_when_true else "any"
         stops.append(Stop(exit_.node, exit_.test, exit_.names, action, exit_.operand,
-                          why or "", exit_.varies, exit_.depth))
+                          why or "", exit_.varies, exit_.depth, exit_.kind,
+                          exit_.collective))
+    for site in walk.sites.values():
+        if not any(dep in demoted for dep in site.deps):  # else its test's note says it
+            stops.append(Stop(site.node, site.call, (), "note", why=site.why, varies=False,
+                              depth=site.depth, kind="site"))
+    stops.sort(key=lambda stop: walk.order[id(stop.node)])
     return stops
 
 
@@ -213,6 +239,19 @@ class _Exit:
     #: the per-process side of a single ordering comparison
     operand: cst.BaseExpression | None = None
     depth: int = 0
+    kind: Literal["exit", "gate"] = "exit"
+    collective: cst.Call | None = None
+
+
+@dataclass
+class _Site:
+    """A collective reached by only some processes (see :class:`Stop`)."""
+
+    node: cst.CSTNode
+    call: cst.Call
+    why: str
+    deps: frozenset[int]
+    depth: int
 
 
 @dataclass(frozen=True)
@@ -226,14 +265,17 @@ class _Path:
     #: bad because only some processes get there (a branch, a continue, a handler), not
     #: because a loop around runs unevenly
     some: bool = False
+    #: bad only because a process that raises would leave early (a ``try`` block): a
+    #: collective there is not reported
+    soft: bool = False
 
-    def worse(self, why: str, some: bool = True) -> _Path:
+    def worse(self, why: str, some: bool = True, soft: bool = False) -> _Path:
         if self.bad is None or (some and not self.some):  # the more specific reason wins
-            return _Path(why, self.deps, some)
+            return _Path(why, self.deps, some, soft)
         return self
 
     def needs(self, exit_id: int) -> _Path:
-        return _Path(self.bad, self.deps | {exit_id}, self.some)
+        return _Path(self.bad, self.deps | {exit_id}, self.some, self.soft)
 
 
 def _settle(walk: _Walk, demoted: dict[int, str],
@@ -284,6 +326,9 @@ class _Walk:
         self.stack: list[_LoopInfo] = []
         self.loops: dict[int, _LoopInfo] = {}
         self.exits: dict[int, _Exit] = {}
+        self.sites: dict[int, _Site] = {}  # by statement: a loop's body is walked again
+        #: source order of the statements walked (to list the findings in it)
+        self.order: dict[int, int] = {}
         self.claimed: set[int] = set()  # the break/return/exit of an exit-``if``
         self.continued: list[str | None] = []  # per loop: a continue only some processes take
         #: walking a function body (:func:`returns_agree`): for each return, does it vary?
@@ -420,6 +465,11 @@ class _Walk:
 
     def small(self, small: cst.BaseSmallStatement, path: _Path) -> None:
         implicit = self._implicit(path)
+        if path.bad is not None and path.some and not path.soft:
+            call = next((c for c in _calls(small) if self.ctx.collective(c)), None)
+            if call is not None:
+                self.order.setdefault(id(small), len(self.order))
+                self.sites[id(small)] = _Site(small, call, path.bad, path.deps, self.depth)
         self.mutate(small, implicit)
         if isinstance(small, cst.Assign):
             varies = self.varies(small.value) or implicit
@@ -506,14 +556,31 @@ class _Walk:
                 branch = path.needs(id(node))
             elif varies:
                 branch = path.worse(_branch_why(node.test))
+        elif varies and (collective := self._collective_in(node)) is not None:
+            # a gate: only the processes whose test holds would reach the collective
+            exit_ = _Exit(node, node.test, self.varying_names(node.test), True, True, [],
+                          list(self.stack), path.bad, path.deps, False,
+                          self._operand(node.test), self.depth, "gate", collective)
+            self._record(exit_)
+            branch = path.needs(id(node))
+            if id(node) in self.demoted:  # its note covers what it leads to
+                branch = path.worse(_branch_why(node.test)).needs(id(node))
         elif varies:
             branch = path.worse(_branch_why(node.test))
         orelse = node.orelse
         self.branches([node.body, orelse if isinstance(orelse, cst.If) else else_suite],
                       branch)
 
+    def _collective_in(self, node: cst.If) -> cst.Call | None:
+        """The first call in a branch of ``node`` (``elif``/``else`` included) that reaches a
+        collective, or None."""
+        branches = [node.body] if node.orelse is None else [node.body, node.orelse]
+        return next((call for branch in branches for call in _calls(branch)
+                     if self.ctx.collective(call)), None)
+
     def _record(self, exit_: _Exit) -> None:
         self.exits[id(exit_.node)] = exit_
+        self.order.setdefault(id(exit_.node), len(self.order))
 
     def _operand(self, test: cst.BaseExpression) -> cst.BaseExpression | None:
         """The per-process side of one ordering comparison (``not`` around it allowed)."""
@@ -532,7 +599,7 @@ class _Walk:
         entry = set(self.varying)
         # a process that raises leaves the block early: what follows the raise is not run there
         body_path = path.worse("it is in a `try` block, which a process that raises leaves "
-                               "early") if node.handlers else path
+                               "early", soft=True) if node.handlers else path
         self.suite(node.body, body_path)
         after_body = set(self.varying)
         handler_path = path.worse("it is in an exception handler, which only the processes "

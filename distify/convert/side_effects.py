@@ -62,7 +62,8 @@ class SideEffectMixin(TransformerBase):
                                   qual: str) -> cst.BaseExpression | None:
         rules = self.rules
         if qual == "print" and "print" not in self.facts.bound:  # the builtin, not a local
-            return self._retarget(updated, "print", "print", "print on the main process only")
+            return self._retarget(updated, "print", "print", "print on the main process only",
+                                  original)
         if qual in _OPENS and self._is_open(original.func):
             new = self._runtime_open(original, updated)
             if new is not None:
@@ -357,7 +358,8 @@ class SideEffectMixin(TransformerBase):
                    "process agrees on it")
         return new
 
-    def _retarget(self, call: cst.Call, name: str, kind: str, message: str) -> cst.Call:
+    def _retarget(self, call: cst.Call, name: str, kind: str, message: str,
+                  original: cst.Call | None = None) -> cst.Call:
         """Call ``rt.<name>`` with the same arguments; keep aligned continuation lines aligned,
         and move the arguments of a one-line call to the next line when the longer name would
         push the line past the file's own line length."""
@@ -366,9 +368,21 @@ class SideEffectMixin(TransformerBase):
         if call.args and self._too_long(delta) and "\n" not in _code(call):
             new = self._hanging(call.with_changes(func=func))
         else:
-            new = _shift_continuations(call, delta).with_changes(func=func)
+            new = _shift_continuations(call, delta, self._opening_column(original),
+                                       self._depth * len(self._indent_unit)).with_changes(func=func)
         self._edit(new, kind, message)
         return new
+
+    def _opening_column(self, original: cst.Call | None) -> int | None:
+        """The column just after ``original``'s parenthesis, when the call starts its
+        statement's line (``print(...)``); else None."""
+        statement = self._statements[-1] if self._statements else None
+        if original is None or statement is None or not statement.body:
+            return None
+        first = statement.body[0]
+        if not (isinstance(first, cst.Expr) and first.value is original):
+            return None
+        return self._depth * len(self._indent_unit) + len(_code(original.func)) + 1
 
     def _file_argument_to_path(self, call: cst.Call, name: str) -> cst.Call:
         """``rt.save(obj, open(p, "wb"))`` → ``rt.save(obj, p)`` (and ``rt.load(open(p))``):

@@ -26,10 +26,12 @@ What it does not do: rewrite ``continue`` tests, or exits of loops that do not t
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import libcst as cst
 
-from distify.analysis.stops import NestContext, Stop, find_stops, returns_agree
+from distify.analysis.names import dotted_name
+from distify.analysis.stops import COLLECTIVES, NestContext, Stop, find_stops, returns_agree
 from distify.convert.base import TransformerBase
 from distify.convert.syntax import _EQUAL, _code, _leaves_loop, _strip_parens
 
@@ -42,6 +44,7 @@ class StopMixin(TransformerBase):
         self._nests_with_exits: set[int] = set()
         self._functions: dict[str, cst.FunctionDef | None] = {}  # local defs, as rewritten
         self._agreeing: dict[str, bool] = {}
+        self._collective_functions: dict[str, bool] = {}
         self._training_functions = frozenset(
             path[-1] for path in self.facts.training.backward_scopes if path)
 
@@ -60,6 +63,32 @@ class StopMixin(TransformerBase):
             self._agreeing[name] = function is not None and returns_agree(
                 function, self._nest_context())
         return self._agreeing[name]
+
+    def _collective(self, call: cst.Call) -> bool:
+        """Does ``call`` reach a collective: a runtime collective, or a local function (defined
+        above, as rewritten) whose body calls one (an ``evaluate()`` whose sums were reduced)?"""
+        name = dotted_name(call.func)
+        if name is not None and name.startswith(f"{self.rt}.") \
+                and name[len(self.rt) + 1:] in COLLECTIVES:
+            return True
+        func = call.func
+        local = func.value if isinstance(func, cst.Name) else func.attr.value \
+            if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) \
+            and func.value.value in ("self", "cls") else None
+        if local is None or self._functions.get(local) is None:
+            return False
+        if local not in self._collective_functions:
+            self._collective_functions[local] = False  # while deciding: recursion
+            self._collective_functions[local] = any(
+                self._collective(inner) for inner in _calls_in(self._functions[local].body))
+        return self._collective_functions[local]
+
+    def _gates_collective(self, loop: cst.For | cst.While) -> bool:
+        """Does a branch of an ``if`` in ``loop`` reach a collective (a nest to analyse even
+        without exits)?"""
+        finder = _GatedCalls(self._collective)
+        loop.body.visit(finder)
+        return finder.found
 
     def visit_If(self, node: cst.If) -> None:
         super().visit_If(node)
@@ -81,7 +110,8 @@ class StopMixin(TransformerBase):
 
     def _decide_stops(self, loop: cst.For | cst.While) -> cst.For | cst.While:
         """At the outermost loop of a function: rewrite or report the exits of the nest."""
-        if len(self._loops) != 1 or id(self._loops[0]) not in self._nests_with_exits:
+        if len(self._loops) != 1 or (id(self._loops[0]) not in self._nests_with_exits
+                                     and not self._gates_collective(loop)):
             return loop
         self._nests_with_exits.discard(id(self._loops[0]))
         replacements: dict[int, Callable[[cst.CSTNode], cst.CSTNode]] = {}
@@ -91,18 +121,25 @@ class StopMixin(TransformerBase):
                 continue
             old, replace = self._decided(stop)
             replacements[id(old)] = replace
-        return loop.visit(_Replace(replacements)) if replacements else loop
+        return loop.visit(_Replace(loop, replacements, self._moved)) if replacements else loop
+
+    def _moved(self, old: cst.CSTNode, new: cst.CSTNode) -> None:
+        """The rewrite rebuilt ``old`` as ``new``: the report's lines on it follow."""
+        self.edits[:] = [replace(edit, node=new) if edit.node is old else edit
+                         for edit in self.edits]
 
     def _nest_context(self) -> NestContext:
         return NestContext(rt=self.rt, qual=self._qual, is_loader=self._loaderish,
                            is_exit=self._is_exit,
                            is_imported=self.facts.imports.aliases.__contains__,
                            training_functions=self._training_functions, agrees=self._agrees,
-                           main_only=self._main_only_depth > 0, depth=self._depth)
+                           main_only=self._main_only_depth > 0, depth=self._depth,
+                           collective=self._collective)
 
     def _decided(self, stop: Stop) -> tuple[cst.CSTNode, Callable[[cst.CSTNode], cst.CSTNode]]:
         """The node to replace and how, with the report's line."""
         test = _one_line(stop.test)
+        gate = stop.kind == "gate"
         if stop.action == "reduce":
             operand = stop.operand
             new = cst.Call(func=self._rt_attr("reduce"), args=[
@@ -110,15 +147,20 @@ class StopMixin(TransformerBase):
                 cst.Arg(cst.SimpleString('"mean"'), keyword=cst.Name("op"), equal=_EQUAL)])
             if self._test_too_long(stop, stop.test.deep_replace(operand, new)):
                 new = self._hanging_test(new)
+            what = f"every process takes the branch {self._to_collective(stop)} at the same " \
+                "step" if gate else "every process leaves the loop at the same step"
             self._edit(new, "stop", f"`{test}` is decided on the mean of "
-                       f"`{_one_line(operand)}` over all processes: every process leaves "
-                       "the loop at the same step (in a single process, the original value)")
+                       f"`{_one_line(operand)}` over all processes: {what} (in a single "
+                       "process, the original value)")
             return operand, lambda updated: new
         helper = "any_process" if stop.action == "any" else "all_processes"
         new = self._rt_call(helper, _strip_parens(stop.test))
         if self._test_too_long(stop, new):
             new = self._hanging_test(new)
-        if stop.action == "any":
+        if gate:
+            what = f"every process takes the branch {self._to_collective(stop)} when any of " \
+                "them would"
+        elif stop.action == "any":
             what = "all processes leave the loop at the first step at which any of them would"
         else:
             what = "the loop goes on while the test holds on every process, so all leave together"
@@ -128,6 +170,13 @@ class StopMixin(TransformerBase):
             else "whitespace_after_while"  # `if(a and b):` needs one once its parens go
         return stop.node, lambda updated: updated.with_changes(
             test=new, **{space: cst.SimpleWhitespace(" ")})
+
+    def _to_collective(self, stop: Stop) -> str:
+        """How a gate's branch reaches its collective, for the report."""
+        call = _one_line(stop.collective) if stop.collective is not None else "a collective"
+        if len(call) > 60:
+            call = call[:57] + "..."
+        return f"(to `{call}`, which every process must join)"
 
     def _test_too_long(self, stop: Stop, test: cst.BaseExpression) -> bool:
         """Would ``if <test>:`` run past the file's line length (a one-line test only)?"""
@@ -146,6 +195,19 @@ class StopMixin(TransformerBase):
 
     def _unsafe_message(self, stop: Stop) -> str:
         test = _one_line(stop.test)
+        if stop.kind == "site":
+            return (f"`{test}` needs every process (a collective), but only some may reach it "
+                    f"here: {stop.why}, so the others would not join it and the job would "
+                    "hang. Move it where every process gets, or decide what leads here on a "
+                    f"value every process agrees on (e.g. `{self.rt}.reduce(x, op=\"mean\")`)")
+        if stop.kind == "gate":
+            reads = (f"reads {', '.join(f'`{n}`' for n in stop.names)}, which differ"
+                     if stop.names else "calls something whose result differs")
+            return (f"`if {test}:` {reads} between processes, and its branch leads "
+                    f"{self._to_collective(stop)[1:-1]}: the job may hang. Not "
+                    f"rewritten: a collective in the test would not be reached alike "
+                    f"({stop.why}). Decide it on a value every process agrees on, where all "
+                    f"of them reach it (e.g. `{self.rt}.reduce(x, op=\"mean\")`)")
         if not stop.varies:
             return (f"exit from a training loop that only some processes may reach (`{test}`): "
                     f"{stop.why}, so they may leave at different steps and hang. Decide the "
@@ -160,17 +222,101 @@ class StopMixin(TransformerBase):
                 f"`{self.rt}.reduce(x, op=\"mean\")`)")
 
 
+class _GatedCalls(cst.CSTVisitor):
+    """Is there a call that ``collective`` accepts in a branch (of an ``if``, an exception
+    handler, a ``match`` case)?"""
+
+    def __init__(self, collective: Callable[[cst.Call], bool]) -> None:
+        super().__init__()
+        self.collective = collective
+        self.found = False
+        self._ifs = 0
+
+    def visit_If(self, node: cst.If) -> bool:
+        node.test.visit(self)  # a test is not in a branch: count it at this level
+        self._ifs += 1
+        node.body.visit(self)
+        if node.orelse is not None:
+            node.orelse.visit(self)
+        self._ifs -= 1
+        return False
+
+    def visit_ExceptHandler(self, node: cst.ExceptHandler) -> None:
+        self._ifs += 1
+
+    def leave_ExceptHandler(self, node: cst.ExceptHandler) -> None:
+        self._ifs -= 1
+
+    def visit_MatchCase(self, node: cst.MatchCase) -> None:
+        self._ifs += 1
+
+    def leave_MatchCase(self, node: cst.MatchCase) -> None:
+        self._ifs -= 1
+
+    def visit_Call(self, node: cst.Call) -> None:
+        self.found = self.found or (self._ifs > 0 and self.collective(node))
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return False
+
+    def visit_Lambda(self, node: cst.Lambda) -> bool:
+        return False
+
+
+def _calls_in(node: cst.CSTNode) -> list[cst.Call]:
+    """The calls in ``node``, outside nested definitions."""
+    calls: list[cst.Call] = []
+
+    class Finder(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            calls.append(call)
+
+        def visit_FunctionDef(self, inner: cst.FunctionDef) -> bool:
+            return False
+
+    node.visit(Finder())
+    return calls
+
+
 def _one_line(node: cst.CSTNode) -> str:
     return " ".join(_code(node).split())
 
 
 class _Replace(cst.CSTTransformer):
-    """Replace the nodes (found by identity) with what their functions make of them."""
+    """Replace the nodes (found by identity) with what their functions make of them.
 
-    def __init__(self, replacements: dict[int, Callable[[cst.CSTNode], cst.CSTNode]]) -> None:
+    Only the replaced nodes and their ancestors are rebuilt: every other node keeps its
+    identity, so the report's lines attached to them stay found; ``moved(old, new)`` is told of
+    each rebuilt node, to move the lines attached to it."""
+
+    def __init__(self, root: cst.CSTNode,
+                 replacements: dict[int, Callable[[cst.CSTNode], cst.CSTNode]],
+                 moved: Callable[[cst.CSTNode, cst.CSTNode], None]) -> None:
         super().__init__()
         self.replacements = replacements
+        self.moved = moved
+        self.on_path: set[int] = set()
+        stack: list[cst.CSTNode] = []
+        on_path = self.on_path
+
+        class Ancestors(cst.CSTVisitor):
+            def on_visit(self, node: cst.CSTNode) -> bool:
+                stack.append(node)
+                if id(node) in replacements:
+                    on_path.update(id(n) for n in stack)
+                return True
+
+            def on_leave(self, original: cst.CSTNode) -> None:
+                stack.pop()
+
+        root.visit(Ancestors())
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        return id(node) in self.on_path
 
     def on_leave(self, original: cst.CSTNode, updated: cst.CSTNode):
         replace = self.replacements.get(id(original))
-        return updated if replace is None else replace(updated)
+        result = updated if replace is None else replace(updated)
+        if result is not original:
+            self.moved(original, result)
+        return result

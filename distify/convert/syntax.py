@@ -19,24 +19,33 @@ def _callee(node: cst.BaseExpression) -> cst.BaseExpression:
 
 
 class _ShiftLines(cst.CSTTransformer):
-    def __init__(self, delta: int) -> None:
+    def __init__(self, delta: int, aligned_from: int, indent: int) -> None:
         super().__init__()
         self.delta = delta
+        self.aligned_from = aligned_from
+        self.indent = indent
 
     def leave_ParenthesizedWhitespace(self, original, updated):
         width = len(updated.last_line.value) + self.delta
-        if width < 0:
+        column = len(updated.last_line.value) + (self.indent if updated.indent else 0)
+        if width < 0 or column < self.aligned_from:
             return updated
         return updated.with_changes(last_line=cst.SimpleWhitespace(" " * width))
 
 
-def _shift_continuations(call: cst.Call, delta: int) -> cst.Call:
+def _shift_continuations(call: cst.Call, delta: int, opening: int | None = None,
+                         indent: int = 0) -> cst.Call:
     """Move the continuation lines of a call whose arguments are aligned with its opening
     parenthesis by ``delta`` columns, as one would by hand after renaming the callee. Calls in
-    the hanging-indent style (a line break right after the parenthesis) are left alone."""
+    the hanging-indent style (a line break right after the parenthesis) are left alone.
+
+    ``opening``: the column just after the call's parenthesis, where known (a call that starts
+    its line; ``indent``: that line's indentation). Lines indented less than that are hanging
+    indents of an inner bracket (``print('...'.format(`` then ``epoch, loss)`` one indent
+    deeper): they stay."""
     if delta == 0 or isinstance(call.whitespace_before_args, cst.ParenthesizedWhitespace):
         return call
-    shift = _ShiftLines(delta)
+    shift = _ShiftLines(delta, opening or 0, indent)
     return call.with_changes(args=[arg.visit(shift) for arg in call.args])
 
 
