@@ -212,3 +212,27 @@ def test_size_based_wrap_picks_the_smallest_modules_over_the_threshold(monkeypat
     # every Block holds `block` parameters (its MLP fewer); the ModuleList holds no more of
     # its own once they are wrapped
     assert set(map(id, layers)) == set(map(id, model.h))
+
+
+def test_a_strategy_added_from_outside_trains_and_runs_every_collective(tmp_path) -> None:
+    """The seam: a strategy is a subclass plus ``register``; the runtime's collectives (metrics,
+    the loaders' agreement, objects, barriers, the debug checks) all go through it."""
+    import json
+
+    from tests.fixture_runs import tagged
+
+    proc = run_torchrun(REPO / "tests" / "runtime_scripts" / "custom_strategy.py", nproc=2,
+                        cwd=tmp_path, env=clean_env(PYTHONPATH=str(REPO), DISTIFY_DEBUG="1"),
+                        replicas=True)
+    got = [json.loads(lines[0]) for lines in tagged(proc.stderr, "STRATEGY").values()]
+    assert len(got) == 2
+    for one in got:
+        assert one["strategy"] == "counting"
+        assert (one["sum"], one["gather"], one["object"], one["any"]) == (3, [0, 1], 0, True)
+        assert one["evaluated"] == 40  # every sample once, gathered from both ranks
+        # every kind of collective the runtime makes went through the strategy: the debug
+        # checks and gathers (all_gather), reduce/any_process (all_reduce), broadcast_object and
+        # the BatchNorm buffers (broadcast), wait_for_everyone (barrier)
+        assert set(one["calls"]) == {"all_reduce", "all_gather", "broadcast", "barrier"}
+        # training itself: the buffers' broadcast after every forward (5 steps), debug checks
+        assert one["training"]["broadcast"] >= 5 and one["training"]["all_gather"] >= 5

@@ -24,11 +24,10 @@ each rank computed, since a collective there could hang.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from . import _debug, _state
+from . import _debug, _state, _strategy
 
 _INTEGERS = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
@@ -83,7 +82,7 @@ def _broadcast(by_dtype: dict[torch.dtype, list[torch.Tensor]], what: str) -> No
         if _state.settings().debug:
             count = sum(len(tensors) for tensors in by_dtype.values())
             _debug.check(f"{what}, {count} tensors, {packed.numel()} bytes)")
-        dist.broadcast(packed, src=0)
+        _strategy.current().broadcast(packed, src=0)
         if _state.rank() == 0:
             return
         chunks = packed.split([flat.numel() * flat.element_size() for flat in flats])

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import _data, _debug, _objects, _state
+from . import _data, _debug, _objects, _state, _strategy
 from ._errors import DistifyError, DistifyTypeError
 from ._tree import map_tensors, tensors_in
 
@@ -200,13 +200,9 @@ def wait_for_everyone() -> None:
 def _barrier(name: str) -> None:
     if _state.world_size() == 1:
         return
-    settings = _state.settings()
-    if settings.debug:
+    if _state.settings().debug:
         _debug.check(name)
-    if settings.device.type == "cuda":
-        dist.barrier(device_ids=[settings.device.index])
-    else:
-        dist.barrier()
+    _strategy.current().barrier()
 
 
 @contextlib.contextmanager
@@ -255,7 +251,7 @@ def _is_numpy_scalar(value: Any) -> bool:
 
 def _reduce_tensor(tensor: torch.Tensor, op: str) -> torch.Tensor:
     work = tensor.detach().to(_state.comm_device(), copy=True)
-    dist.all_reduce(work, op={"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM,
+    _strategy.current().all_reduce(work, op={"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM,
                               "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op])
     if op == "mean":
         work = work / _state.world_size()
@@ -286,7 +282,7 @@ def _gather_tensor(tensor: torch.Tensor, drop: int) -> torch.Tensor:
     meta = torch.tensor([local.shape[0], min(drop, local.shape[0]), *local.shape[1:]],
                         device=local.device)
     metas = [torch.empty_like(meta) for _ in range(_state.world_size())]
-    dist.all_gather(metas, meta)
+    _strategy.current().all_gather(metas, meta)
     if any(not torch.equal(m[2:], meta[2:]) for m in metas):
         shapes = [tuple(m[[0, *range(2, len(m))]].tolist()) for m in metas]
         raise DistifyError(f"distify.gather: the ranks' tensors differ beyond dim 0 ({shapes}): "
@@ -296,7 +292,7 @@ def _gather_tensor(tensor: torch.Tensor, drop: int) -> torch.Tensor:
         filler = local.new_zeros((longest - local.shape[0], *local.shape[1:]))
         local = torch.cat([local, filler])
     parts = [torch.empty_like(local) for _ in metas]
-    dist.all_gather(parts, local.contiguous())
+    _strategy.current().all_gather(parts, local.contiguous())
     kept = [part[: int(m[0]) - int(m[1])] for part, m in zip(parts, metas)]
     return torch.cat(kept).to(tensor.device)
 

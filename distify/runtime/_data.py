@@ -53,7 +53,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler, SequentialSampler
 
-from . import _debug, _model, _objects, _random, _state, _stream
+from . import _debug, _model, _objects, _random, _state, _strategy, _stream
 from ._tree import map_tensors, tensors_in
 
 #: units per broadcast of the shuffled order (rounded to a whole number of global batches)
@@ -363,7 +363,7 @@ def _compare_first_samples(digest: int | None) -> None:
     mine = torch.tensor([-1 if digest is None else digest], dtype=torch.int64,
                         device=_state.comm_device())
     everyone = [torch.empty_like(mine) for _ in range(_state.world_size())]
-    dist.all_gather(everyone, mine)
+    _strategy.current().all_gather(everyone, mine)
     digests = {int(d.item()) for d in everyone} - {-1}
     if len(digests) > 1 and _state.is_main_process():
         warnings.warn("distify: the DataLoader's IterableDataset starts with different samples "
@@ -376,7 +376,7 @@ def _every_rank_has(has_batch: bool) -> bool:
     if _state.settings().debug:
         _debug.check("DataLoader batch (whether every rank has one)")
     flag = torch.tensor([int(has_batch)], dtype=torch.int64, device=_state.comm_device())
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    _strategy.current().all_reduce(flag, op=dist.ReduceOp.MIN)
     return bool(flag.item())
 
 

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import _objects, _state
+from . import _objects, _state, _strategy
 from ._errors import DistifyError
 from ._tree import tensors_in
 
@@ -165,7 +165,7 @@ def _exchange(op: str, site: str | None = None,
                          0 if flat is None else _digest(repr(sums).encode())],
                         dtype=torch.int64, device=_state.comm_device())
     gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(gathered, mine)
+    _strategy.current().all_gather(gathered, mine)
     rows = torch.stack(gathered).tolist()
     if any(row[0] != rows[0][0] for row in rows):
         everyone = _objects.all_gather_object((op, site or call_site()),

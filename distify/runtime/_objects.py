@@ -14,18 +14,20 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from . import _strategy
+
 
 def broadcast_object(obj: Any, src: int, device: torch.device) -> Any:
     """``src``'s ``obj`` on every rank (only ``src``'s value is used)."""
     sender = dist.get_rank() == src
     data = _dumps(obj) if sender else b""
     size = torch.tensor([len(data)], dtype=torch.int64, device=device)
-    dist.broadcast(size, src=src)
+    _strategy.current().broadcast(size, src=src)
     if sender:
         payload = _to_tensor(data, device)
     else:
         payload = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
-    dist.broadcast(payload, src=src)
+    _strategy.current().broadcast(payload, src=src)
     return obj if sender else pickle.loads(_to_bytes(payload))
 
 
@@ -34,12 +36,12 @@ def all_gather_object(obj: Any, device: torch.device) -> list[Any]:
     data = _dumps(obj)
     size = torch.tensor([len(data)], dtype=torch.int64, device=device)
     sizes = [torch.empty_like(size) for _ in range(dist.get_world_size())]
-    dist.all_gather(sizes, size)
+    _strategy.current().all_gather(sizes, size)
     lengths = [int(s.item()) for s in sizes]
     local = torch.zeros(max(lengths), dtype=torch.uint8, device=device)
     local[: len(data)] = _to_tensor(data, device)
     parts = [torch.empty_like(local) for _ in lengths]
-    dist.all_gather(parts, local)
+    _strategy.current().all_gather(parts, local)
     return [pickle.loads(_to_bytes(part[:length])) for part, length in zip(parts, lengths)]
 
 

@@ -13,7 +13,12 @@ or ``distify.init(strategy=...)``:
 A strategy decides how a model is distributed (:meth:`Strategy.distribute`, which returns a
 :class:`DistributedModel` that runs the training forwards, says which gradients it
 synchronises and what ``state_dict`` means for it), how optimizers and the fp16 loss scaler fit
-it, and how gradients are clipped. Adding a strategy is one module with a subclass decorated
+it, how gradients are clipped, and over which processes the runtime's own collectives run
+(:meth:`Strategy.all_reduce`, :meth:`~Strategy.all_gather`, :meth:`~Strategy.broadcast`,
+:meth:`~Strategy.barrier`: the metrics of ``reduce``/``gather``, the loaders' end-of-data
+agreement, ``broadcast_object``, ``wait_for_everyone``, the debug checks). DDP and FSDP2 both
+run them over every process of the job; a strategy that splits the job into groups (hybrid
+sharding, pipeline stages) overrides them. Adding a strategy is one module with a subclass decorated
 by :func:`register`, plus its import at the end of this file. In a single process no strategy
 distributes anything: a model is only moved to the device, so the script computes exactly what
 the original does.
@@ -26,6 +31,7 @@ from collections.abc import Iterable
 from typing import Any, ClassVar
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from . import _state
@@ -109,6 +115,29 @@ class Strategy:
     def describe(self) -> str:
         """One line for messages: the strategy and its main settings."""
         return self.name
+
+    # The runtime's collectives: every process that trains on its own data takes part.
+
+    def all_reduce(self, tensor: torch.Tensor, op: dist.ReduceOp.RedOpType) -> None:
+        """Combine ``tensor`` in place over the processes (``dist.ReduceOp.SUM``, ...)."""
+        dist.all_reduce(tensor, op=op)
+
+    def all_gather(self, parts: list[torch.Tensor], tensor: torch.Tensor) -> None:
+        """Fill ``parts`` (one tensor like ``tensor`` per process, in rank order) with every
+        process's ``tensor``."""
+        dist.all_gather(parts, tensor)
+
+    def broadcast(self, tensor: torch.Tensor, src: int) -> None:
+        """Overwrite ``tensor`` with process ``src``'s, in place."""
+        dist.broadcast(tensor, src=src)
+
+    def barrier(self) -> None:
+        """Wait until every process arrives."""
+        device = self.settings.device
+        if device.type == "cuda":
+            dist.barrier(device_ids=[device.index])
+        else:
+            dist.barrier()
 
 
 _REGISTRY: dict[str, type[Strategy]] = {}
