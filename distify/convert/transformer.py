@@ -41,6 +41,7 @@ from distify.convert.base import Edit, TransformerBase
 from distify.convert.batch_shapes import BatchShapeMixin
 from distify.convert.bptt import StreamShardMixin
 from distify.convert.devices import DeviceMixin
+from distify.convert.environments import EnvironmentMixin
 from distify.convert.full_batch import FullBatchMixin
 from distify.convert.loops import LoopMixin
 from distify.convert.models import ModelMixin
@@ -54,7 +55,7 @@ __all__ = ["DistifyTransformer", "Edit"]
 
 class DistifyTransformer(BatchShapeMixin, ModelMixin, PrepareMixin, DeviceMixin, StopMixin,
                          FullBatchMixin, LoopMixin, SideEffectMixin, RandomnessMixin,
-                         StreamShardMixin, TransformerBase):
+                         EnvironmentMixin, StreamShardMixin, TransformerBase):
     """Rewrites one module in one pass. Each mixin owns one family of rewrites; this class
     dispatches calls and statements to them."""
 
@@ -228,6 +229,8 @@ class DistifyTransformer(BatchShapeMixin, ModelMixin, PrepareMixin, DeviceMixin,
             return self._rewrite_timestamp_method(original, updated) or updated
         if method in ("append", "extend"):
             return self._gather_collected(original, updated) or updated
+        if method in ("reset", "seed"):
+            return self._rewrite_env_seed(original, updated) or updated
         return self._rewrite_device_method(updated, func, method) or updated
 
     # ---------------------------------------------------------------- module
