@@ -52,7 +52,8 @@ class FullBatchMixin(TransformerBase):
                    "DataLoader and its model reads the same inputs at every step, so every "
                    "process trains on the whole data set. Their gradients are equal, so the "
                    "result equals one process's (the data is not split, and more processes add "
-                   "no speed)")
+                   "no speed; the job's warning that the processes' batches are identical is "
+                   "expected: DISTIFY_SAME_DATA=ok silences it)")
         return True
 
     def _models_that_train(self) -> set[str]:

@@ -42,7 +42,10 @@ class LoopMixin(TransformerBase):
                                  index=_enumerate_index(node)))
 
     def leave_For(self, original: cst.For, updated: cst.For):
-        loop = self._loops.pop()
+        loop = self._loops[-1]
+        if loop.loaderish and loop.has_backward:
+            self._report_loader_from_elsewhere(original, updated.target)
+        self._loops.pop()
         if loop.has_backward and len(loop.step_tests) == 1:
             updated = self._sync_on_step(updated, loop)
         if not loop.loaderish:
@@ -247,9 +250,50 @@ class LoopMixin(TransformerBase):
         if self._reported_full_batch(node):  # see .full_batch
             return
         self._unsharded_loop_reported = True
+        source = self._unseen_source()
+        if source is not None:
+            self._edit(node, "data", f"this training loop iterates `{source}`, which this file "
+                       "does not build as a DataLoader (a parameter, or built in another "
+                       "module): if it is one, prepare it where it is built (convert that file "
+                       "too, or the whole folder); if not, every process trains on the same "
+                       f"batches: shard them yourself with {self.rt}.rank() and "
+                       f"{self.rt}.world_size()", human=True)
+            return
         self._edit(node, "data", "this training loop is not fed by a DataLoader: every process "
                    "trains on the same batches. Shard them yourself with "
                    f"{self.rt}.rank() and {self.rt}.world_size()", human=True)
+
+    def _unseen_source(self, loop: cst.For | cst.While | None = None) -> str | None:
+        """``train_dl`` when ``loop`` (by default the innermost one being visited) is ``for ...
+        in train_dl`` (or ``tqdm(...)``, ``enumerate(...)`` of it): a name whose value this
+        file does not show."""
+        if loop is None:
+            loop = self._loop_nodes[-1] if self._loop_nodes else None
+        if not isinstance(loop, cst.For):
+            return None
+        iterable = loop.iter
+        while isinstance(iterable, cst.Call) and iterable.args \
+                and self._qual(iterable.func) in _LOOP_WRAPPERS:
+            iterable = iterable.args[0].value
+        if isinstance(iterable, (cst.Name, cst.Attribute)):
+            return _code(iterable)
+        return None
+
+    def _report_loader_from_elsewhere(self, node: cst.For, anchor: cst.CSTNode) -> None:
+        """A training loop over ``train_loader`` in a file that builds no DataLoader: it is
+        prepared only if the file that builds it is converted too."""
+        if self._unsharded_loop_reported or self.facts.builds_loaders:
+            return
+        source = self._unseen_source(node)
+        if source is None:
+            return
+        self._unsharded_loop_reported = True
+        self._edit(anchor, "data", f"`{source}` is not built in this file: if it is a DataLoader, "
+                   "it is sharded only where it is prepared, so convert the file that builds it "
+                   "too (or the whole folder), or prepare it here "
+                   f"(`{source} = {self.rt}.prepare({source})`) if nothing else does; "
+                   "unprepared, every process trains on the same batches (the job warns at its "
+                   "first step when their batches are identical)", human=True)
 
 
 #: methods and functions whose result is one number per batch, not per sample

@@ -7,7 +7,9 @@ DistributedDataParallel object kept aside; ``_fsdp``: the sharded module itself)
 (attributes, methods, ``state_dict`` keys, ``isinstance``) is the user's class.
 
 After each training forward ``_buffers`` broadcasts the main process's buffers, so every rank
-evaluates (and the main process saves) the same BatchNorm statistics, whatever the strategy.
+evaluates (and the main process saves) the same BatchNorm statistics, whatever the strategy. The
+job's first training forward also compares the processes' inputs (``_same_data``): identical
+ones mean every process trains on the same data, which is warned about.
 
 This module also keeps what the guards (``_guard``) and debug mode (``_debug``) need to know
 about the distributed models: how many training forwards went through them since the last
@@ -26,7 +28,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DataParallel, DistributedDataParallel
 
-from . import _buffers, _ddp, _precision, _state, _strategy
+from . import _buffers, _ddp, _precision, _same_data, _state, _strategy
 from ._strategy import DistributedModel
 from ._subclass import (
     PicklesAsOriginal,
@@ -324,6 +326,7 @@ def _training_forward(state: _ModelState, args: tuple, kwargs: dict) -> Any:
     book.forwards += 1
     book.synced_forwards += sync
     assert state.distributed is not None
+    _same_data.check_first_batch(args, kwargs)
     state.inside = True
     try:
         outputs = state.distributed.forward(args, kwargs, sync)

@@ -1,0 +1,26 @@
+"""Train a few steps on 2 processes from a DataLoader that is prepared or not (argv[1]:
+``prepared`` / ``unprepared``), with the script's seed. Run under torchrun by
+tests/test_same_data.py, which reads the warnings on stderr."""
+
+import sys
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import distify.runtime as distify
+
+torch.manual_seed(0)
+data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+loader = DataLoader(data, batch_size=8, shuffle=True)
+if sys.argv[1] == "prepared":
+    loader = distify.prepare(loader)
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+model, optimizer = distify.prepare(model, optimizer)
+for epoch in range(2):
+    for x, y in loader:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        distify.backward(loss)
+        optimizer.step()
+distify.print("RESULT {}")
