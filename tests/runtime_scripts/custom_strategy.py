@@ -56,7 +56,7 @@ training = dict(calls - Counter(before))
 model.eval()
 seen = []
 with torch.no_grad():
-    for x, y in eval_loader:
+    for _x, y in eval_loader:
         seen.append(distify.gather_for_metrics(y))
 got = {
     "strategy": _strategy.current().name,

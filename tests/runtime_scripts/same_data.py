@@ -17,7 +17,7 @@ if sys.argv[1] == "prepared":
 model = torch.nn.Linear(4, 1)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 model, optimizer = distify.prepare(model, optimizer)
-for epoch in range(2):
+for _epoch in range(2):
     for x, y in loader:
         loss = torch.nn.functional.mse_loss(model(x), y)
         optimizer.zero_grad()
