@@ -300,24 +300,27 @@ def evaluate(loader):
 
 """
 
+def _epochs(after_training: str, before: str = "") -> str:
+    """``_EVALUATE``, then an epoch loop that trains on ``loader`` and then runs
+    ``after_training`` (lines at the epoch loop's body indentation)."""
+    return (_EVALUATE + before + "for epoch in range(10):\n" + textwrap.indent(_loop(""), "    ")
+            + after_training)
+
+
 GATES_DECIDED = [
-    pytest.param(_EVALUATE + "for epoch in range(10):\n" + textwrap.indent(_loop(""), "    ")
-                 + "    if loss.item() < 0.5:\n        print(epoch, evaluate(val_loader))\n",
+    pytest.param(_epochs("    if loss.item() < 0.5:\n        print(epoch, evaluate(val_loader))\n"),
                  '    if distify.reduce(loss.item(), op="mean") < 0.5:\n', "evaluate(val_loader)",
                  id="evaluate-once-the-loss-is-low"),
-    pytest.param(_EVALUATE + "for epoch in range(10):\n" + textwrap.indent(_loop(""), "    ")
-                 + "    if not math.isfinite(loss.item()) or epoch == 9:\n"
-                 "        accuracy = evaluate(val_loader)\n",
+    pytest.param(_epochs("    if not math.isfinite(loss.item()) or epoch == 9:\n"
+                         "        accuracy = evaluate(val_loader)\n"),
                  "    if distify.any_process(not math.isfinite(loss.item()) or epoch == 9):\n",
                  "evaluate(val_loader)", id="any-process-for-a-compound-test"),
-    pytest.param(_EVALUATE + "def validate():\n    return evaluate(val_loader)\n\n\n"
-                 "for epoch in range(10):\n" + textwrap.indent(_loop(""), "    ")
-                 + "    if loss.item() < 0.5:\n        accuracy = validate()\n",
+    pytest.param(_epochs("    if loss.item() < 0.5:\n        accuracy = validate()\n",
+                         "def validate():\n    return evaluate(val_loader)\n\n\n"),
                  '    if distify.reduce(loss.item(), op="mean") < 0.5:\n', "validate()",
                  id="through-a-function-that-calls-the-evaluation"),
-    pytest.param(_EVALUATE + "for epoch in range(10):\n" + textwrap.indent(_loop(""), "    ")
-                 + "    if loss.item() > 2:\n        pass\n    else:\n"
-                 "        accuracy = evaluate(val_loader)\n",
+    pytest.param(_epochs("    if loss.item() > 2:\n        pass\n    else:\n"
+                         "        accuracy = evaluate(val_loader)\n"),
                  '    if distify.reduce(loss.item(), op="mean") > 2:\n', "evaluate(val_loader)",
                  id="the-collective-in-the-else-branch"),
 ]
@@ -340,13 +343,11 @@ def test_tests_that_lead_to_a_collective_are_decided_alike(before: str, after: s
 
 
 GATES_ALONE = [
-    pytest.param(_EVALUATE + "for epoch in range(10):\n" + textwrap.indent(_loop(""), "    ")
-                 + "    if epoch % 5 == 0:\n        print(evaluate(val_loader))\n",
+    pytest.param(_epochs("    if epoch % 5 == 0:\n        print(evaluate(val_loader))\n"),
                  id="a-test-on-the-epoch"),
-    pytest.param(_EVALUATE + "best = 0\nfor epoch in range(10):\n"
-                 + textwrap.indent(_loop(""), "    ")
-                 + "    accuracy = evaluate(val_loader)\n    if accuracy > best:\n"
-                 "        best = accuracy\n        print(evaluate(val_loader))\n",
+    pytest.param(_epochs("    accuracy = evaluate(val_loader)\n    if accuracy > best:\n"
+                         "        best = accuracy\n        print(evaluate(val_loader))\n",
+                         "best = 0\n"),
                  id="a-test-on-a-reduced-metric"),
     pytest.param(_loop("if loss.item() > 1:\n    print(loss.item())\n"),
                  id="no-collective-in-the-branch"),
@@ -367,9 +368,8 @@ SITES = [
         "    optimizer.zero_grad()\n"),
         "        print(evaluate(val_loader))",
         "after a `continue` that only some processes may take", id="after-a-per-process-continue"),
-    pytest.param(_EVALUATE + "for epoch in range(10):\n" + textwrap.indent(_loop(""), "    ")
-                 + "    try:\n        loss.item()\n    except RuntimeError:\n"
-                 "        print(evaluate(val_loader))\n",
+    pytest.param(_epochs("    try:\n        loss.item()\n    except RuntimeError:\n"
+                         "        print(evaluate(val_loader))\n"),
                  "        print(evaluate(val_loader))", "in an exception handler",
                  id="in-an-exception-handler"),
 ]
