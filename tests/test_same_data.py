@@ -42,7 +42,8 @@ def _notes(head: str, depth: int) -> list[tuple[str, str]]:
     source = textwrap.dedent(head) + textwrap.indent(_TRAIN, "    " * (depth - 1))
     result = convert_source(source.encode(), "train.py")
     lines = result.output.decode().splitlines()
-    return [(lines[n.line - 1].strip(), n.message) for n in result.notes if n.kind == "data"]
+    return [(lines[n.line - 1].strip(), n.message) for n in result.notes
+            if n.kind in ("data", "data-elsewhere")]
 
 
 _TRAIN = """\
@@ -97,3 +98,36 @@ def test_a_loader_built_here_gets_no_such_note() -> None:
         for x, y in train_loader:
         """, 1)
     assert notes == []
+
+
+def test_a_project_that_prepares_the_loader_next_door_gets_no_such_note(tmp_path) -> None:
+    from distify.convert.project import plan_project
+    from distify.rules import default_rules
+
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "data.py").write_text(textwrap.dedent("""\
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+
+
+        def get_loaders(batch_size):
+            data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+            return DataLoader(data, batch_size=batch_size, shuffle=True), None
+        """))
+    (project / "train.py").write_text(textwrap.dedent("""\
+        import torch
+        from data import get_loaders
+
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        train_loader, val_loader = get_loaders(32)
+        for x, y in train_loader:
+        """) + _TRAIN)
+    planned = {p.source.name: p.result for p in plan_project(project, tmp_path / "out",
+                                                             default_rules(), "distify.runtime")}
+    assert [c.kind for c in planned["data.py"].changes].count("prepare-dataloader") == 1
+    assert planned["train.py"].notes == ()
+    # alone, the same file says where its loader must be prepared
+    alone = convert_source((project / "train.py").read_bytes(), "train.py")
+    assert [n.kind for n in alone.notes] == ["data-elsewhere"]

@@ -28,6 +28,10 @@ from distify.convert.syntax import (
     _strip_parens,
 )
 
+#: the kind of the notes about a training loop whose loader this file does not build: a project
+#: conversion drops them when a module the file imports has its DataLoaders prepared
+LOADER_ELSEWHERE = "data-elsewhere"
+
 
 class LoopMixin(TransformerBase):
     def _rewrite_backward_call(self, updated: cst.Call, func: cst.Attribute) -> cst.Call:
@@ -252,10 +256,10 @@ class LoopMixin(TransformerBase):
         self._unsharded_loop_reported = True
         source = self._unseen_source()
         if source is not None:
-            self._edit(node, "data", f"this training loop iterates `{source}`, which this file "
-                       "does not build as a DataLoader (a parameter, or built in another "
-                       "module): if it is one, prepare it where it is built (convert that file "
-                       "too, or the whole folder); if not, every process trains on the same "
+            self._edit(node, LOADER_ELSEWHERE, f"this training loop iterates `{source}`, which "
+                       "this file does not build as a DataLoader (a parameter, or built in "
+                       "another module): if it is one, prepare it where it is built (convert that "
+                       "file too, or the whole folder); if not, every process trains on the same "
                        f"batches: shard them yourself with {self.rt}.rank() and "
                        f"{self.rt}.world_size()", human=True)
             return
@@ -288,9 +292,9 @@ class LoopMixin(TransformerBase):
         if source is None:
             return
         self._unsharded_loop_reported = True
-        self._edit(anchor, "data", f"`{source}` is not built in this file: if it is a DataLoader, "
-                   "it is sharded only where it is prepared, so convert the file that builds it "
-                   "too (or the whole folder), or prepare it here "
+        self._edit(anchor, LOADER_ELSEWHERE, f"`{source}` is not built in this file: if it is a "
+                   "DataLoader, it is sharded only where it is prepared, so convert the file "
+                   "that builds it too (or the whole folder), or prepare it here "
                    f"(`{source} = {self.rt}.prepare({source})`) if nothing else does; "
                    "unprepared, every process trains on the same batches (the job warns at its "
                    "first step when their batches are identical)", human=True)

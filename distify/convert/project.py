@@ -12,6 +12,7 @@ config gets a name of its own (``train_dist.launch.yaml``), which the launch com
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shutil
@@ -22,8 +23,9 @@ from typing import Literal
 
 import yaml
 
-from distify.analysis.project import imported_by_parallel
+from distify.analysis.project import imported_by_parallel, resolve
 from distify.convert.engine import FileResult, convert_source
+from distify.convert.loops import LOADER_ELSEWHERE
 from distify.errors import UserError
 from distify.fsutil import atomic_write_bytes, atomic_write_text
 from distify.launch.config import (
@@ -90,7 +92,7 @@ def plan_project(root: Path, out: Path | None, rules: RuleSet, runtime_module: s
             planned.append(Planned(path, target, convert_file(path, rules, runtime_module)))
         elif out is not None:
             planned.append(Planned(path, target, None))
-    return _keep_helpers_of_parallel(planned, root)
+    return _loaders_prepared_next_door(_keep_helpers_of_parallel(planned, root), root)
 
 
 def _keep_helpers_of_parallel(planned: list[Planned], root: Path) -> list[Planned]:
@@ -115,6 +117,26 @@ def _keep_helpers_of_parallel(planned: list[Planned], root: Path) -> list[Planne
                 reason=f"imported by {entry.relative_to(root).as_posix()}, which is {why}: it "
                        "runs in that job's processes as written", imports=result.imports)
             item = Planned(item.source, item.target, result)
+        kept.append(item)
+    return kept
+
+
+def _loaders_prepared_next_door(planned: list[Planned], root: Path) -> list[Planned]:
+    """A training loop over a loader that its file does not build gets a note (see
+    ``convert.loops``); in a project, when a module that file imports was converted and its
+    DataLoaders prepared, the loader is (most likely) one of those: the note goes."""
+    preparing = {p.source.resolve() for p in planned if p.result is not None and any(
+        change.kind == "prepare-dataloader" for change in p.result.changes)}
+    if not preparing:
+        return planned
+    kept = []
+    for item in planned:
+        result = item.result
+        if result is not None and any(n.kind == LOADER_ELSEWHERE for n in result.notes) and any(
+                (target := resolve(name, item.source.resolve(), root.resolve())) is not None
+                and target.resolve() in preparing for name in result.imports):
+            notes = tuple(n for n in result.notes if n.kind != LOADER_ELSEWHERE)
+            item = Planned(item.source, item.target, dataclasses.replace(result, notes=notes))
         kept.append(item)
     return kept
 
