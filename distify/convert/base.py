@@ -254,6 +254,11 @@ class TransformerBase(cst.CSTTransformer):
         if not human:
             self._touch()
 
+    def _collective_placed(self, call: cst.CSTNode | None = None) -> None:
+        """A collective is in the output here (``call``, when given, or a statement the rewrite
+        adds): see :class:`~distify.convert.stops.StopMixin`, which may have to decide the test
+        of an ``if`` around it."""
+
     def _touch(self) -> None:
         """The top-level statement being visited now uses the runtime when the module is
         imported (a def or class body runs later): the runtime's import must come first."""

@@ -93,6 +93,7 @@ class LoopMixin(TransformerBase):
             self._scope.counts.add(loop.index)
         for outer in self._loops:  # the reduced value is no longer an accumulator out there
             outer.accumulators = [n for n in outer.accumulators if n not in names]
+        self._collective_placed()
         return cst.FlattenSentinel([updated, *reduces])
 
     def _gather_collected(self, original: cst.Call,

@@ -45,6 +45,11 @@ class StopMixin(TransformerBase):
         self._functions: dict[str, cst.FunctionDef | None] = {}  # local defs, as rewritten
         self._agreeing: dict[str, bool] = {}
         self._collective_functions: dict[str, bool] = {}
+        #: nests with a collective in a branch (an ``if``, a handler, a ``match`` case) inside
+        #: them: their ``if`` tests are analysed even without exits
+        self._gated_nests: set[int] = set()
+        self._branch_depth = 0  # branches around the node being visited
+        self._nest_branch_base = 0  # ... around the current nest's outermost loop
         self._training_functions = frozenset(
             path[-1] for path in self.facts.training.backward_scopes if path)
 
@@ -83,15 +88,40 @@ class StopMixin(TransformerBase):
                 self._collective(inner) for inner in _calls_in(self._functions[local].body))
         return self._collective_functions[local]
 
-    def _gates_collective(self, loop: cst.For | cst.While) -> bool:
-        """Does a branch of an ``if`` in ``loop`` reach a collective (a nest to analyse even
-        without exits)?"""
-        finder = _GatedCalls(self._collective)
-        loop.body.visit(finder)
-        return finder.found
+    def _collective_placed(self, call: cst.CSTNode | None = None) -> None:
+        if not self._loops or self._branch_depth <= self._nest_branch_base:
+            return
+        if call is None or (isinstance(call, cst.Call) and (
+                self._collective(call) or any(isinstance(arg.value, cst.Call)
+                                              and self._collective(arg.value)
+                                              for arg in call.args))):
+            self._gated_nests.add(id(self._loops[0]))
+
+    def _branch_left(self) -> None:
+        self._branch_depth -= 1
+
+    def visit_ExceptHandler(self, node: cst.ExceptHandler) -> None:
+        self._branch_depth += 1
+
+    def leave_ExceptHandler(self, original: cst.ExceptHandler, updated: cst.ExceptHandler):
+        self._branch_depth -= 1
+        return updated
+
+    def visit_MatchCase(self, node: cst.MatchCase) -> None:
+        self._branch_depth += 1
+
+    def leave_MatchCase(self, original: cst.MatchCase, updated: cst.MatchCase):
+        self._branch_depth -= 1
+        return updated
+
+    def visit_For(self, node: cst.For) -> None:
+        super().visit_For(node)
+        if len(self._loops) == 1:
+            self._nest_branch_base = self._branch_depth
 
     def visit_If(self, node: cst.If) -> None:
         super().visit_If(node)
+        self._branch_depth += 1
         if self._loops and (_leaves_loop(node.body, self._is_exit) or (
                 isinstance(node.orelse, cst.Else)
                 and _leaves_loop(node.orelse.body, self._is_exit))):
@@ -99,6 +129,8 @@ class StopMixin(TransformerBase):
 
     def visit_While(self, node: cst.While) -> None:
         super().visit_While(node)
+        if len(self._loops) == 1:
+            self._nest_branch_base = self._branch_depth
         if not (isinstance(node.test, cst.Name) and node.test.value == "True"):
             self._nests_with_exits.add(id(self._loops[0]))
 
@@ -111,7 +143,7 @@ class StopMixin(TransformerBase):
     def _decide_stops(self, loop: cst.For | cst.While) -> cst.For | cst.While:
         """At the outermost loop of a function: rewrite or report the exits of the nest."""
         if len(self._loops) != 1 or (id(self._loops[0]) not in self._nests_with_exits
-                                     and not self._gates_collective(loop)):
+                                     and id(self._loops[0]) not in self._gated_nests):
             return loop
         self._nests_with_exits.discard(id(self._loops[0]))
         replacements: dict[int, Callable[[cst.CSTNode], cst.CSTNode]] = {}
@@ -220,47 +252,6 @@ class StopMixin(TransformerBase):
                 f"collective here would not be reached alike ({stop.why}). Decide it on a "
                 "value every process agrees on, where all of them reach it (e.g. "
                 f"`{self.rt}.reduce(x, op=\"mean\")`)")
-
-
-class _GatedCalls(cst.CSTVisitor):
-    """Is there a call that ``collective`` accepts in a branch (of an ``if``, an exception
-    handler, a ``match`` case)?"""
-
-    def __init__(self, collective: Callable[[cst.Call], bool]) -> None:
-        super().__init__()
-        self.collective = collective
-        self.found = False
-        self._ifs = 0
-
-    def visit_If(self, node: cst.If) -> bool:
-        node.test.visit(self)  # a test is not in a branch: count it at this level
-        self._ifs += 1
-        node.body.visit(self)
-        if node.orelse is not None:
-            node.orelse.visit(self)
-        self._ifs -= 1
-        return False
-
-    def visit_ExceptHandler(self, node: cst.ExceptHandler) -> None:
-        self._ifs += 1
-
-    def leave_ExceptHandler(self, node: cst.ExceptHandler) -> None:
-        self._ifs -= 1
-
-    def visit_MatchCase(self, node: cst.MatchCase) -> None:
-        self._ifs += 1
-
-    def leave_MatchCase(self, node: cst.MatchCase) -> None:
-        self._ifs -= 1
-
-    def visit_Call(self, node: cst.Call) -> None:
-        self.found = self.found or (self._ifs > 0 and self.collective(node))
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-        return False
-
-    def visit_Lambda(self, node: cst.Lambda) -> bool:
-        return False
 
 
 def _calls_in(node: cst.CSTNode) -> list[cst.Call]:

@@ -168,6 +168,7 @@ class DistifyTransformer(BatchShapeMixin, ModelMixin, PrepareMixin, DeviceMixin,
 
     def leave_If(self, original: cst.If, updated: cst.If):
         """An ``if`` whose whole body was device pinning goes away with it."""
+        self._branch_left()
         for loop in self._loops:  # re-anchor a recorded step test on the output node
             loop.step_tests = [updated.test if test is original.test else test
                                for test in loop.step_tests]
@@ -201,6 +202,7 @@ class DistifyTransformer(BatchShapeMixin, ModelMixin, PrepareMixin, DeviceMixin,
         result = self._leave_call(original, updated)
         if isinstance(original.func, cst.Attribute) and original.func.attr.value == "backward":
             self._note_backward(result)
+        self._collective_placed(original if result is updated else result)
         return result
 
     def _leave_call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
