@@ -228,8 +228,8 @@ def test_list_rules():
     result = run("--list-rules")
     assert result.exit_code == 0
     assert [line.split()[0] for line in result.stdout.splitlines()] == [
-        "DST101", "DST102", "DST103", "DST104", "DST201", "DST202", "DST301", "DST302", "DST303",
-        "DST304", "DST305"]
+        "DST101", "DST102", "DST103", "DST104", "DST201", "DST202", "DST203", "DST301", "DST302",
+        "DST303", "DST304", "DST305"]
 
 
 def test_real_process_exit_codes_and_no_torch_import(tmp_path):
