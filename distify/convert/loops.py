@@ -256,7 +256,8 @@ class LoopMixin(TransformerBase):
             return
         self._unsharded_loop_reported = True
         source = self._unseen_source()
-        if source is not None:
+        if source is not None and (source in self._scope.params or (
+                "." not in source and source not in self.facts.bound)):
             self._edit(node, LOADER_ELSEWHERE, f"this training loop iterates `{source}`, which "
                        "this file does not build as a DataLoader (a parameter, or built in "
                        "another module): if it is one, prepare it where it is built (convert that "
