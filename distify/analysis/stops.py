@@ -54,7 +54,7 @@ waits for a gradient all-reduce).
 from __future__ import annotations
 
 import builtins
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -206,6 +206,50 @@ def returns_agree(function: cst.FunctionDef, ctx: NestContext) -> bool:
     walk.returns = []
     walk.suite(function.body, _Path())
     return bool(walk.returns) and not any(walk.returns)
+
+
+class FileFunctions:
+    """What the walk asks about the file's own functions, found by name (``evaluate`` for
+    ``evaluate(...)`` and ``self.evaluate(...)``) in ``functions`` (``None`` for a name defined
+    twice, or not known yet: ``convert`` fills it as it leaves each function, as rewritten).
+
+    Args:
+        rt: the runtime's local name (``distify``).
+        functions: name → definition; read when asked, so it may grow meanwhile.
+    """
+
+    def __init__(self, rt: str, functions: Mapping[str, cst.FunctionDef | None]) -> None:
+        self.rt = rt
+        self.functions = functions
+        self._agreeing: dict[str, bool] = {}
+        self._collective: dict[str, bool] = {}
+
+    def collective(self, call: cst.Call) -> bool:
+        """Does ``call`` reach a collective: a runtime collective (``rt.reduce(...)``), or a
+        local function whose body calls one, directly or through another (an ``evaluate()``
+        whose sums are reduced)?"""
+        name = dotted_name(call.func)
+        if name is not None and name.startswith(f"{self.rt}.") \
+                and name[len(self.rt) + 1:] in COLLECTIVES:
+            return True
+        local = _local_callee(call.func)
+        function = self.functions.get(local) if local is not None else None
+        if function is None:
+            return False
+        if local not in self._collective:
+            self._collective[local] = False  # while deciding: a recursive call adds nothing
+            self._collective[local] = any(self.collective(inner)
+                                          for inner in _calls(function.body, definitions=False))
+        return self._collective[local]
+
+    def agrees(self, name: str, ctx: NestContext) -> bool:
+        """Does the local function ``name`` return a value equal on every process (see
+        :func:`returns_agree`)?"""
+        if name not in self._agreeing:  # decided once, with the functions known then
+            self._agreeing[name] = False  # while deciding: a recursive call does not agree
+            function = self.functions.get(name)
+            self._agreeing[name] = function is not None and returns_agree(function, ctx)
+        return self._agreeing[name]
 
 
 # --------------------------------------------------------------------------- the walk's records
@@ -833,9 +877,10 @@ def _enumerate_index(node: cst.For) -> cst.BaseExpression | None:
 
 
 class _Calls(cst.CSTVisitor):
-    def __init__(self) -> None:
+    def __init__(self, definitions: bool) -> None:
         super().__init__()
         self.calls: list[cst.Call] = []
+        self.definitions = definitions
 
     def visit_Call(self, node: cst.Call) -> None:
         self.calls.append(node)
@@ -843,9 +888,13 @@ class _Calls(cst.CSTVisitor):
     def visit_Lambda(self, node: cst.Lambda) -> bool:
         return False
 
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return self.definitions
 
-def _calls(node: cst.CSTNode) -> list[cst.Call]:
-    finder = _Calls()
+
+def _calls(node: cst.CSTNode, definitions: bool = True) -> list[cst.Call]:
+    """The calls in ``node`` (not in lambdas; in nested ``def``s only with ``definitions``)."""
+    finder = _Calls(definitions)
     node.visit(finder)
     return finder.calls
 

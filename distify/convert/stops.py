@@ -30,8 +30,7 @@ from dataclasses import replace
 
 import libcst as cst
 
-from distify.analysis.names import dotted_name
-from distify.analysis.stops import COLLECTIVES, NestContext, Stop, find_stops, returns_agree
+from distify.analysis.stops import FileFunctions, NestContext, Stop, find_stops
 from distify.convert.base import TransformerBase
 from distify.convert.syntax import _EQUAL, _code, _leaves_loop, _strip_parens
 
@@ -43,8 +42,7 @@ class StopMixin(TransformerBase):
         super().visit_Module(node)
         self._nests_with_exits: set[int] = set()
         self._functions: dict[str, cst.FunctionDef | None] = {}  # local defs, as rewritten
-        self._agreeing: dict[str, bool] = {}
-        self._collective_functions: dict[str, bool] = {}
+        self._file_functions = FileFunctions(self.rt, self._functions)
         #: nests with a collective in a branch (an ``if``, a handler, a ``match`` case) inside
         #: them: their ``if`` tests are analysed even without exits
         self._gated_nests: set[int] = set()
@@ -62,31 +60,12 @@ class StopMixin(TransformerBase):
     def _agrees(self, name: str) -> bool:
         """Does the local function ``name`` (defined above, as rewritten) return a value equal
         on every process?"""
-        if name not in self._agreeing:
-            self._agreeing[name] = False  # while deciding: a recursive call does not agree
-            function = self._functions.get(name)
-            self._agreeing[name] = function is not None and returns_agree(
-                function, self._nest_context())
-        return self._agreeing[name]
+        return self._file_functions.agrees(name, self._nest_context())
 
     def _collective(self, call: cst.Call) -> bool:
         """Does ``call`` reach a collective: a runtime collective, or a local function (defined
         above, as rewritten) whose body calls one (an ``evaluate()`` whose sums were reduced)?"""
-        name = dotted_name(call.func)
-        if name is not None and name.startswith(f"{self.rt}.") \
-                and name[len(self.rt) + 1:] in COLLECTIVES:
-            return True
-        func = call.func
-        local = func.value if isinstance(func, cst.Name) else func.attr.value \
-            if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) \
-            and func.value.value in ("self", "cls") else None
-        if local is None or self._functions.get(local) is None:
-            return False
-        if local not in self._collective_functions:
-            self._collective_functions[local] = False  # while deciding: recursion
-            self._collective_functions[local] = any(
-                self._collective(inner) for inner in _calls_in(self._functions[local].body))
-        return self._collective_functions[local]
+        return self._file_functions.collective(call)
 
     def _collective_placed(self, call: cst.CSTNode | None = None) -> None:
         if not self._loops or self._branch_depth <= self._nest_branch_base:
@@ -252,21 +231,6 @@ class StopMixin(TransformerBase):
                 f"collective here would not be reached alike ({stop.why}). Decide it on a "
                 "value every process agrees on, where all of them reach it (e.g. "
                 f"`{self.rt}.reduce(x, op=\"mean\")`)")
-
-
-def _calls_in(node: cst.CSTNode) -> list[cst.Call]:
-    """The calls in ``node``, outside nested definitions."""
-    calls: list[cst.Call] = []
-
-    class Finder(cst.CSTVisitor):
-        def visit_Call(self, call: cst.Call) -> None:
-            calls.append(call)
-
-        def visit_FunctionDef(self, inner: cst.FunctionDef) -> bool:
-            return False
-
-    node.visit(Finder())
-    return calls
 
 
 def _one_line(node: cst.CSTNode) -> str:

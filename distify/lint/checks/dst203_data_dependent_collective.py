@@ -9,7 +9,7 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from distify.analysis.names import dotted_name
-from distify.analysis.stops import COLLECTIVES, NestContext, Stop, find_stops, returns_agree
+from distify.analysis.stops import FileFunctions, NestContext, Stop, find_stops
 from distify.lint.rule import Invalid, LintRule, Valid
 
 
@@ -179,16 +179,15 @@ class _Context:
     def __init__(self, rule: DataDependentCollective, rt: str, shapes: _Shapes) -> None:
         self.rule = rule
         self.rt = rt
-        self.shapes = shapes
-        self._agreeing: dict[str, bool] = {}
-        self._collective: dict[str, bool] = {}
+        functions = FileFunctions(rt, shapes.functions)
         ctx = rule.ctx
         self.nest = NestContext(
             rt=rt, qual=lambda node: ctx.imports.cst_loose_qualname(node),
             is_loader=self.is_loader, is_exit=self.is_exit,
             is_imported=ctx.imports.aliases.__contains__,
-            training_functions=frozenset(shapes.trainers), agrees=self.agrees,
-            collective=self.collective)
+            training_functions=frozenset(shapes.trainers),
+            agrees=lambda name: functions.agrees(name, self.nest),
+            collective=functions.collective)
 
     def is_loader(self, node: cst.BaseExpression) -> bool:
         while isinstance(node, cst.Call) and node.args and (dotted_name(node.func) or "") \
@@ -200,32 +199,6 @@ class _Context:
     def is_exit(self, call: cst.Call) -> bool:
         name = self.rule.ctx.imports.cst_loose_qualname(call.func)
         return self.rule.ctx.match("process_exits", name) is not None
-
-    def agrees(self, name: str) -> bool:
-        if name not in self._agreeing:
-            self._agreeing[name] = False  # while deciding: a recursive call does not agree
-            function = self.shapes.functions.get(name)
-            self._agreeing[name] = function is not None and returns_agree(function, self.nest)
-        return self._agreeing[name]
-
-    def collective(self, call: cst.Call) -> bool:
-        name = dotted_name(call.func)
-        if name is not None and name.startswith(f"{self.rt}.") \
-                and name[len(self.rt) + 1:] in COLLECTIVES:
-            return True
-        func = call.func
-        local = func.value if isinstance(func, cst.Name) else func.attr.value \
-            if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) \
-            and func.value.value in ("self", "cls") else None
-        function = self.shapes.functions.get(local) if local is not None else None
-        if function is None:
-            return False
-        if local not in self._collective:
-            self._collective[local] = False  # while deciding: recursion
-            finder = _CallFinder()
-            function.body.visit(finder)
-            self._collective[local] = any(self.collective(inner) for inner in finder.calls)
-        return self._collective[local]
 
     def message(self, stop: Stop) -> str:
         test = " ".join(cst.Module([]).code_for_node(stop.test).split())
@@ -248,15 +221,3 @@ class _Context:
                 f"leaves the others waiting in the next gradient all-reduce (a hang); {fix}"
                 + (f" where all of them reach it ({stop.why})" if stop.action == "note"
                    else ""))
-
-
-class _CallFinder(cst.CSTVisitor):
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[cst.Call] = []
-
-    def visit_Call(self, node: cst.Call) -> None:
-        self.calls.append(node)
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-        return False
