@@ -48,7 +48,7 @@ class LoopMixin(TransformerBase):
     def leave_For(self, original: cst.For, updated: cst.For):
         loop = self._loops[-1]
         if loop.loaderish and loop.has_backward:
-            self._report_loader_from_elsewhere(original, updated.target)
+            self._report_loader_from_elsewhere(loop, updated.target)
         self._loops.pop()
         if loop.has_backward and len(loop.step_tests) == 1:
             updated = self._sync_on_step(updated, loop)
@@ -255,7 +255,7 @@ class LoopMixin(TransformerBase):
         if self._reported_full_batch(node):  # see .full_batch
             return
         self._unsharded_loop_reported = True
-        source = self._unseen_source()
+        source = self._loops[-1].loader  # the innermost loop's `for ... in train_dl`
         if source is not None and (source in self._scope.params or (
                 "." not in source and source not in self.facts.bound)):
             self._edit(node, LOADER_ELSEWHERE, f"this training loop iterates `{source}`, which "
@@ -269,29 +269,11 @@ class LoopMixin(TransformerBase):
                    "trains on the same batches. Shard them yourself with "
                    f"{self.rt}.rank() and {self.rt}.world_size()", human=True)
 
-    def _unseen_source(self, loop: cst.For | cst.While | None = None) -> str | None:
-        """``train_dl`` when ``loop`` (by default the innermost one being visited) is ``for ...
-        in train_dl`` (or ``tqdm(...)``, ``enumerate(...)`` of it): a name whose value this
-        file does not show."""
-        if loop is None:
-            loop = self._loop_nodes[-1] if self._loop_nodes else None
-        if not isinstance(loop, cst.For):
-            return None
-        iterable = loop.iter
-        while isinstance(iterable, cst.Call) and iterable.args \
-                and self._qual(iterable.func) in _LOOP_WRAPPERS:
-            iterable = iterable.args[0].value
-        if isinstance(iterable, (cst.Name, cst.Attribute)):
-            return _code(iterable)
-        return None
-
-    def _report_loader_from_elsewhere(self, node: cst.For, anchor: cst.CSTNode) -> None:
+    def _report_loader_from_elsewhere(self, loop: _Loop, anchor: cst.CSTNode) -> None:
         """A training loop over ``train_loader`` in a file that builds no DataLoader: it is
         prepared only if the file that builds it is converted too."""
-        if self._unsharded_loop_reported or self.facts.builds_loaders:
-            return
-        source = self._unseen_source(node)
-        if source is None:
+        source = loop.loader
+        if self._unsharded_loop_reported or self.facts.builds_loaders or source is None:
             return
         self._unsharded_loop_reported = True
         self._edit(anchor, LOADER_ELSEWHERE, f"`{source}` is not built in this file: if it is a "
