@@ -15,6 +15,7 @@ The job runs in the foreground as an argument list, never through a shell.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import re
 import shlex
@@ -101,7 +102,22 @@ def launch_env(cfg: LaunchConfig) -> dict[str, str]:
         # Accelerate's variables, which the runtime reads (so `accelerate launch` works too).
         env["DISTIFY_STRATEGY"] = "fsdp"
         env.update((cfg.fsdp_config or FsdpConfig()).env())
+    if importlib.util.find_spec("numpy") is None:
+        env["PYTHONWARNINGS"] = _quiet_numpy_warning(os.environ.get("PYTHONWARNINGS", ""))
     return env
+
+
+# torch warns at import when NumPy is missing (which torch does not require, nor the runtime):
+# once in torchrun and once in every worker, on every launch. Nothing in the job needs NumPy, so
+# the warning says nothing the user can act on; the filter is added only where NumPy is missing.
+_NUMPY_WARNING = "ignore:Failed to initialize NumPy:UserWarning"
+
+
+def _quiet_numpy_warning(existing: str) -> str:
+    """``PYTHONWARNINGS`` with the filter for torch's missing-NumPy warning added."""
+    filters = [f for f in existing.split(",") if f.strip()]
+    # the last filter given wins: a user's blanket "error" must not turn this one into an error
+    return ",".join([*filters, _NUMPY_WARNING]) if _NUMPY_WARNING not in filters else existing
 
 
 def build_plan(cfg: LaunchConfig, script: str, script_args: Sequence[str] = (), *,
