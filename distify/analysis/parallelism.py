@@ -3,10 +3,12 @@
 
 Two kinds:
 
-- **distributed**: its processes are ranks of one job. It imports or uses a name of the
+- **distributed**: its processes are ranks of one job. It uses a name of the
   ``distributed_markers`` pack (``torch.distributed``, DDP, ``DistributedSampler``, Accelerate,
   Lightning, DeepSpeed, Horovod, ``mp.spawn``, the distify runtime, ...) or reads the launcher's
-  rank variables (``"RANK"``, ``"LOCAL_RANK"``, ``"WORLD_SIZE"``, ``--local_rank``).
+  rank variables (``"RANK"``, ``"LOCAL_RANK"``, ``"WORLD_SIZE"``, ``--local_rank``). A file that
+  only imports such a name is ``imported_only``: ``check`` lints it as distributed code, and
+  ``convert`` converts it (a single-process script may import ``torch.distributed`` unused).
 - **multi-process**: Hogwild. Processes started with ``torch.multiprocessing`` /
   ``multiprocessing`` train one model in shared memory (``model.share_memory()``) and no
   ``torch.distributed`` is involved. Its parent is one process: a save after ``join()`` is not
@@ -44,6 +46,9 @@ class Parallelism:
     kind: Literal["distributed", "multi-process"]
     line: int
     why: str
+    #: the file imports a distributed API and never uses it: ``check`` lints it as distributed
+    #: code, ``convert`` converts it (a single-process script may import ``torch.distributed``)
+    imported_only: bool = False
 
     @property
     def reason(self) -> str:
@@ -63,6 +68,11 @@ class Finder:
         self.distributed: tuple[int, str] | None = None
         self.processes: tuple[int, str] | None = None  # a process starter (maybe Hogwild)
         self.shares_memory = False
+        # An import alone is no marker: `import torch.distributed as dist` left unused by a
+        # single-process script. The names it binds count once the file reads them.
+        self._imported: dict[str, tuple[int, str, str]] = {}
+        self._read: set[str] = set()
+        self._first_import: tuple[int, str, str] | None = None
 
     @property
     def done(self) -> bool:
@@ -76,32 +86,68 @@ class Finder:
             if isinstance(func, ast.Attribute) and func.attr in ("share_memory", "share_memory_"):
                 self.shares_memory = True
             return
-        found = self._marker(node)
-        if found is None:
+        if isinstance(node, ast.Name):
+            if isinstance(node.ctx, ast.Load):
+                self._read.add(node.id)
             return
-        line, why, name = found
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            self._imports(node)
+            return
+        found = self._marker(node)
+        if found is not None:
+            self._found(*found)
+
+    def _found(self, line: int, why: str, name: str | None) -> None:
         if name is not None and name.startswith(_PROCESS_STARTERS):
             if self.processes is None:
                 self.processes = (line, why)
         else:
             self.distributed = (line, why)
 
+    def _imports(self, node: ast.Import | ast.ImportFrom) -> None:
+        """Remember the marker names an import binds; a dotted import without ``as`` binds its
+        top package, whose uses the attribute test sees (``torch.distributed.get_rank()``)."""
+        names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                 else [f"{node.module}.{alias.name}" for alias in node.names] + [node.module])
+        for name in names:
+            if name and self.rules.match("distributed_markers", name):
+                self._first_import = self._first_import or (node.lineno, f"imports {name}", name)
+                break
+        for alias in node.names:
+            if isinstance(node, ast.Import):
+                name = alias.name
+                if alias.asname is None and "." in name:
+                    continue
+            elif node.module is None or alias.name == "*":
+                continue
+            else:
+                name = f"{node.module}.{alias.name}"
+            if self.rules.match("distributed_markers", name) or (
+                    isinstance(node, ast.ImportFrom)
+                    and self.rules.match("distributed_markers", node.module)):
+                bound = alias.asname or alias.name.split(".", 1)[0]
+                self._imported.setdefault(bound, (node.lineno, f"uses {name}", name))
+
     def result(self) -> Parallelism | None:
+        if self.distributed is None:
+            for bound, found in sorted(self._imported.items(), key=lambda item: item[1][0]):
+                if bound in self._read:
+                    self._found(*found)
+                    if self.distributed is not None:
+                        break
         if self.distributed is not None:
             return Parallelism("distributed", *self.distributed)
         if self.processes is not None:
             kind = "multi-process" if self.shares_memory else "distributed"
             return Parallelism(kind, *self.processes)
+        if self._first_import is not None:
+            line, why, name = self._first_import
+            if not name.startswith(_PROCESS_STARTERS):
+                return Parallelism("distributed", line, why, imported_only=True)
         return None
 
     def _marker(self, node: ast.AST) -> tuple[int, str, str | None] | None:
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
-                     else [f"{node.module}.{alias.name}" for alias in node.names] + [node.module])
-            for name in names:
-                if name and self.rules.match("distributed_markers", name):
-                    return node.lineno, f"imports {name}", name
-        elif isinstance(node, ast.Attribute):
+        if isinstance(node, ast.Attribute):
             qualname = self.imports.ast_qualname(node)
             if qualname and self.rules.match("distributed_markers", qualname):
                 return node.lineno, f"uses {qualname}", qualname

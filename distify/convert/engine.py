@@ -92,7 +92,7 @@ def convert_source(source: bytes, path: str = "<string>", rules: RuleSet | None 
     if facts is None or not any(m.split(".")[0] in _TORCH_ROOTS for m in facts.imports.modules):
         return FileResult(path, source, source, "no-torch", reason="does not import torch",
                           imports=imports)
-    if facts.parallel is not None:
+    if facts.parallel is not None and not facts.parallel.imported_only:
         return FileResult(path, source, source, "already-distributed",
                           reason=facts.parallel.reason, imports=imports)
     module = _parse_cst(source, path)
