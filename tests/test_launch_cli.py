@@ -68,13 +68,15 @@ def test_everything_after_the_script_goes_to_the_script(script, args, script_arg
     assert argv[argv.index("--nproc-per-node") + 1] == "1"
 
 
-def test_sibling_config_is_used_and_options_override_it(script):
+def test_sibling_config_is_used_and_options_override_it(script, monkeypatch):
     write_config(make_config(num_processes=4, mixed_precision="fp16", gpu_ids="0,1,2,3"),
                  script.with_suffix(".yaml"))
     env, argv = dry_run("train_dist.py")
     assert argv[argv.index("--nproc-per-node") + 1] == "4"
     assert env["DISTIFY_MIXED_PRECISION"] == "fp16"
     assert env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
+    # --gpu_ids is checked on --dry-run too (issue 25 item 9): a machine with 4 GPUs
+    monkeypatch.setattr("distify.launch.config.local_gpu_count", lambda: 4)
     env, argv = dry_run("--num_processes", "2", "--gpu_ids", "2,3", "--mixed_precision", "no",
                         "train_dist.py")
     assert argv[argv.index("--nproc-per-node") + 1] == "2"
@@ -106,9 +108,9 @@ def test_c10d_multi_machine(script):
 
 
 def test_cpu_and_debug_environment(script):
-    env, _ = dry_run("--cpu", "--num_processes", "2", "--gpu_ids", "0", "train_dist.py")
+    env, _ = dry_run("--cpu", "--num_processes", "2", "train_dist.py")
     assert env["DISTIFY_USE_CPU"] == "1"
-    assert "CUDA_VISIBLE_DEVICES" not in env  # GPU selection means nothing on CPUs
+    assert "CUDA_VISIBLE_DEVICES" not in env  # (--gpu_ids with --cpu: an error, issue 25 item 9)
     write_config(make_config(debug=True, use_cpu=True), script.with_suffix(".yaml"))
     env, _ = dry_run("--num_processes", "2", "train_dist.py")
     assert env["TORCH_DISTRIBUTED_DEBUG"] == "DETAIL"

@@ -139,8 +139,8 @@ def test_converted_script_with_its_written_config(tmp_path):
 
 def test_failing_job_exit_code_comes_back(tmp_path):
     code, _, err = finish(distify_launch("--num_processes", "2", str(EXITS), "3", cwd=tmp_path))
-    assert code == 1, err  # torchrun's exit code for a failed worker
-    assert "exitcode  : 3" in err
+    assert code == 3, err  # the worker's own exit code (issue 25 item 8), not torchrun's 1
+    assert "exit code 3" in err
 
 
 def test_interrupt_is_forwarded_and_stops_the_workers(tmp_path):

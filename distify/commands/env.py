@@ -37,14 +37,15 @@ _ENV_PREFIXES = ("DISTIFY_", "ACCELERATE_", "TORCH_DISTRIBUTED_", "TORCH_NCCL_",
 Examples:
   distify env                               # paste the output into your bug report
   distify env train_dist.py                 # with the config launch uses: train_dist.yaml
+                                            # (else ./distify_config.yaml)
   distify env --config_file node1.yaml
   distify env --json > env.json
 """,
 )
 @click.option("--config_file", "--config-file", "config_file",
               type=click.Path(dir_okay=False),
-              help="Launch config to show. Default: SCRIPT's sibling <stem>.yaml, as "
-                   "`distify launch` finds it.")
+              help="Launch config to show. Default: SCRIPT's sibling <stem>.yaml, else "
+                   "./distify_config.yaml, as `distify launch` finds it.")
 @click.option("--json", "as_json", is_flag=True, help="Print the same facts as JSON.")
 @click.argument("script", required=False, type=click.Path(dir_okay=False))
 def env(config_file: str | None, as_json: bool, script: str | None) -> None:
@@ -174,20 +175,22 @@ def _installed_version(distribution: str) -> str | None:
 
 
 def _launch_config(script: str | None, config_file: str | None) -> dict[str, Any]:
-    """The config ``distify launch [--config_file F] SCRIPT`` would read: its text, or the error
-    loading it gives; ``path`` is None when there is none."""
-    from distify.commands.launch import _sibling_config
+    """The config ``distify launch [--config_file F] SCRIPT`` would read (its sibling
+    ``<stem>.yaml``, else ``./distify_config.yaml``): its text, or the error loading it gives;
+    ``path`` is None when there is none. ``found_as`` is ``default`` for the default file."""
+    from distify.commands.launch import find_config
     from distify.launch.config import load_config
 
-    path = config_file or (_sibling_config(script) if script else None)
+    path, found_as = find_config(script, config_file)
     if path is None:
         looked_for = str(Path(script).with_suffix(".yaml")) if script else None
         return {"path": None, "looked_for": looked_for}
+    extra = {"found_as": "default"} if found_as == "default" else {}
     try:
         load_config(path)
     except UserError as err:
-        return {"path": path, "error": str(err)}
-    return {"path": path, "content": Path(path).read_text(encoding="utf-8")}
+        return {"path": path, **extra, "error": str(err)}
+    return {"path": path, **extra, "content": Path(path).read_text(encoding="utf-8")}
 
 
 def _torch_lines(torch: dict[str, Any]) -> list[str]:
@@ -223,9 +226,12 @@ def _config_lines(config: dict[str, Any]) -> list[str]:
         where = (f"no {config['looked_for']} beside the script" if config["looked_for"] else
                  "give SCRIPT or --config_file")
         return [f"- Launch config: none found ({where})"]
+    name = config["path"]
+    if config.get("found_as") == "default":
+        name += " (the default in this folder, which `distify launch` reads)"
     if "error" in config:
-        return [f"- Launch config: {config['path']} does not load: {config['error']}"]
-    return _section(f"Launch config: {config['path']}", config["content"].rstrip().splitlines(),
+        return [f"- Launch config: {name} does not load: {config['error']}"]
+    return _section(f"Launch config: {name}", config["content"].rstrip().splitlines(),
                     "(empty)")
 
 

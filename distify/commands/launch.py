@@ -107,7 +107,9 @@ Examples:
 )
 @accelerate_option("config_file", type=click.Path(dir_okay=False),
                    help="Launch config (YAML, Accelerate's schema). Default: the script's "
-                        "sibling <stem>.yaml when present, else all local GPUs (or 1 process).")
+                        "sibling <stem>.yaml when present, else ./distify_config.yaml (what "
+                        "`distify config` writes) when present, else all local GPUs (or 1 "
+                        "process).")
 @config_options
 @fsdp_options
 @click.option("--cpu", "use_cpu", is_flag=True, default=None,
@@ -131,10 +133,13 @@ def launch(config_file: str | None, script: str, script_args: tuple[str, ...], d
            slurm: bool, **overrides: object) -> None:
     """Run SCRIPT on N processes through torchrun (torch.distributed.run), on one machine or many.
 
-    Options override the launch config. Everything after SCRIPT (or after `--`) goes to the
-    script. The job runs in the foreground; its exit code is returned (130 after Ctrl-C). Its
-    stderr is streamed and kept in a log file; a failed job ends with the rank that failed
-    first, its exception and the script line, and the log's path.
+    Options override the launch config (--config_file, else SCRIPT's sibling <stem>.yaml,
+    else ./distify_config.yaml). Everything after SCRIPT (or after `--`) goes to the script,
+    which is compiled (not run) first: a syntax error stops the launch. The job runs in the
+    foreground; it exits with the code of the process that failed first (128 + N if killed by
+    signal N; 130 after Ctrl-C). Its stderr is streamed and kept in a log file; a failed job
+    ends with the rank that failed first, its exception and the script line (or the signal
+    that killed it), and the log's path.
     """
     from distify.launch.config import default_config, load_config, with_overrides
 
@@ -146,37 +151,93 @@ def launch(config_file: str | None, script: str, script_args: tuple[str, ...], d
         raise UserError(_no_such_option(script))
     if not Path(script).is_file():
         raise UserError("script not found", path=script)
-    source = config_file or _sibling_config(script)
+    source, found_as = find_config(script, config_file)
     cfg = load_config(source) if source else default_config()
     if slurm:
         _print_slurm(cfg, source, script, script_args, overrides)
         return
     cfg = with_overrides(cfg, **overrides)
+    _check_syntax(script)
+    gpu_ids_option = overrides.get("gpu_ids") is not None
+    if gpu_ids_option or not dry_run:
+        # a config's gpu_ids may be meant for another machine: --dry-run shows it anyway
+        _check_gpus(cfg, source, from_option=gpu_ids_option,
+                    cpu_from_option=bool(overrides.get("use_cpu")))
     _warn_if_not_distributed(script, cfg.num_processes)
 
-    from distify.launch.torchrun import build_plan, failure_summary, render_plan, run_plan
+    from distify.launch.torchrun import (
+        build_plan,
+        failure_summary,
+        interrupt_summary,
+        job_exit_code,
+        render_plan,
+        run_plan,
+    )
 
     plan = build_plan(cfg, script, script_args)
     if dry_run:
+        if found_as == "default":
+            click.echo(f"distify: config: {source} ({_DEFAULT_NOTE})", err=True)
         click.echo(render_plan(plan), nl=False)
         return
     if importlib.util.find_spec("torch") is None:
         raise UserError(f"distify launch needs torch, which this Python ({sys.executable}) "
                         "does not have: pip install torch")
-    _check_gpus(cfg, source, from_option=overrides.get("gpu_ids") is not None)
-    click.echo(f"distify: {_summary(cfg)} (config: {source or 'defaults for this machine'})",
-               err=True)
+    where = {"option": source, "sibling": f"{source}, beside the script",
+             "default": f"{source}, {_DEFAULT_NOTE}"}.get(found_as, "defaults for this machine")
+    click.echo(f"distify: {_summary(cfg)} (config: {where})", err=True)
     waiting = None
     if cfg.num_machines > 1 and cfg.machine_rank > 0:
         waiting = (f"waiting for the main machine {cfg.main_process_ip}:{cfg.main_process_port} "
                    "(machine_rank 0) to start its job; it keeps waiting (Ctrl-C to stop)")
     result = run_plan(plan, waiting_notice=waiting)
     if result.interrupted:
+        for line in interrupt_summary(result, script):
+            click.echo(f"distify: {line}", err=True)
         click.echo(f"distify: interrupted; the job's stderr is in {result.log}", err=True)
     elif result.code:
         for line in failure_summary(result, script):
             click.echo(f"distify: {line}", err=True)
-    click.get_current_context().exit(result.code)
+    click.get_current_context().exit(job_exit_code(result))
+
+
+#: The file `distify config` writes; `launch` reads it from the current folder when neither
+#: --config_file nor the script's sibling <stem>.yaml names a config (as `accelerate launch`
+#: reads its default config).
+DEFAULT_CONFIG = "distify_config.yaml"
+_DEFAULT_NOTE = "the default config in this folder; --config_file to use another"
+
+
+def find_config(script: str | None, config_file: str | None) -> tuple[str | None, str]:
+    """The launch config `distify launch [--config_file F] SCRIPT` reads, and how it was found:
+    ``option`` (--config_file), ``sibling`` (SCRIPT's <stem>.yaml), ``default``
+    (./distify_config.yaml, which `distify config` writes) or ``none`` (path None: the defaults
+    for this machine)."""
+    if config_file:
+        return config_file, "option"
+    sibling = _sibling_config(script) if script else None
+    if sibling:
+        return sibling, "sibling"
+    if Path(DEFAULT_CONFIG).is_file():
+        return DEFAULT_CONFIG, "default"
+    return None, "none"
+
+
+def _check_syntax(script: str) -> None:
+    """Compile the script (never run it): a syntax error is one line with its position, before
+    any process starts."""
+    try:
+        source = Path(script).read_bytes()
+    except OSError as err:
+        raise UserError(f"cannot read the script: {err.strerror}", path=script) from None
+    try:
+        compile(source, script, "exec", dont_inherit=True)
+    except SyntaxError as err:
+        col = err.offset if err.offset and err.offset > 0 else None
+        raise UserError(f"{type(err).__name__}: {err.msg}; nothing was launched", path=script,
+                        line=err.lineno or None, col=col if err.lineno else None) from None
+    except ValueError as err:  # null bytes (Python < 3.12)
+        raise UserError(f"SyntaxError: {err}; nothing was launched", path=script) from None
 
 
 def _print_slurm(cfg, source: str | None, script: str, script_args: tuple[str, ...],
@@ -232,10 +293,17 @@ def _warn_if_not_distributed(script: str, num_processes: int) -> None:
                    f"data on its own; convert it first: distify convert {script}", err=True)
 
 
-def _check_gpus(cfg, source: str | None, *, from_option: bool) -> None:
-    """GPUs chosen by id must exist here: without any, the job would run on CPUs unasked."""
+def _check_gpus(cfg, source: str | None, *, from_option: bool, cpu_from_option: bool) -> None:
+    """GPUs chosen by id must exist here: without any, the job would run on CPUs unasked; and
+    --gpu_ids on a job that runs on CPUs would be ignored. --gpu_ids is checked for --dry-run
+    too."""
     from distify.launch.config import local_gpu_count
 
+    if from_option and cfg.on_cpu and cfg.gpu_ids != "all":
+        why = ("--cpu" if cpu_from_option else
+               f"{'use_cpu: true' if cfg.use_cpu else 'distributed_type: MULTI_CPU'} in {source}")
+        raise UserError(f"--gpu_ids {cfg.gpu_ids}: the job runs on CPUs ({why}), where GPU ids "
+                        "mean nothing; drop --gpu_ids, or the CPU setting to run on GPUs")
     if cfg.on_cpu or cfg.gpu_ids == "all" or local_gpu_count():
         return
     where = f"--gpu_ids {cfg.gpu_ids}" if from_option else f"gpu_ids '{cfg.gpu_ids}' in {source}"

@@ -142,7 +142,7 @@ def render_plan(plan: LaunchPlan) -> str:
 
 @dataclass(frozen=True)
 class JobResult:
-    """How a job ended: its exit code, whether Ctrl-C ended it, and its stderr's log file."""
+    """How a job ended: torchrun's exit code, whether Ctrl-C ended it, and its stderr's log."""
 
     code: int
     interrupted: bool
@@ -151,8 +151,12 @@ class JobResult:
 
 def run_plan(plan: LaunchPlan, *, waiting_notice: str | None = None,
              notice_after: float = 10.0) -> JobResult:
-    """Run the job in the foreground; its stderr (torchrun's and the workers') is streamed
-    unchanged and kept in a log file for :func:`failure_summary`.
+    """Run the job in the foreground; its stderr (torchrun's and the workers') is streamed as it
+    comes and kept, whole, in a log file for :func:`failure_summary`.
+
+    What reaches the terminal leaves out what the summary says better (see
+    :class:`_TerminalFilter`): torchrun's own failure report, tracebacks of the runtime's
+    one-line errors (``DistifyError``), and everything after a Ctrl-C.
 
     The job gets its own session, so a Ctrl-C in the terminal reaches torchrun exactly once:
     through this process, which forwards SIGINT, SIGTERM and SIGHUP to it and keeps waiting
@@ -179,13 +183,15 @@ def _run(plan: LaunchPlan, log, waiting_notice: str | None,
     except OSError as err:
         raise UserError(f"cannot start {plan.argv[0]}: {err.strerror}") from None
     heard = threading.Event()
-    pump = threading.Thread(target=_tee, args=(child.stderr, log, heard), daemon=True)
+    terminal = _TerminalFilter(sys.stderr.buffer)
+    pump = threading.Thread(target=_tee, args=(child.stderr, log, terminal, heard), daemon=True)
     pump.start()
     interrupted = []
 
     def forward(signum: int, _frame: object) -> None:
         if signum == signal.SIGINT:
             interrupted.append(signum)
+            terminal.mute()  # the workers' KeyboardInterrupt tracebacks: summed up after
         if child.poll() is None:
             child.send_signal(signum)
 
@@ -227,27 +233,135 @@ def _wait(child: subprocess.Popen, interrupted: list) -> int:
                 os.killpg(child.pid, signal.SIGKILL)
 
 
-def _tee(source, log, heard: threading.Event) -> None:
-    """Copy the job's stderr to ours as it comes (progress bars included) and to the log."""
-    out = sys.stderr.buffer
-    while chunk := os.read(source.fileno(), 65536):
-        heard.set()
-        out.write(chunk)
-        out.flush()
-        log.write(chunk)
+def _tee(source, log, terminal: _TerminalFilter, heard: threading.Event) -> None:
+    """Copy the job's stderr to the log, whole, and through ``terminal`` to ours as it comes."""
+    try:
+        while chunk := os.read(source.fileno(), 65536):
+            heard.set()
+            log.write(chunk)
+            terminal.feed(chunk)
+    finally:
+        terminal.close()
 
 
 # torch prefixes what a worker writes to stderr with its rank once its process group exists.
 _RANK = re.compile(r"^\[rank(\d+)\]:\s?")
 _FRAME = re.compile(r'^\s*File "(.+)", line (\d+), in ')
+_TRACEBACK = "Traceback (most recent call last):"
+# The runtime's errors say in one line what is wrong and how to fix it; their tracebacks (one
+# per rank) add nothing but length, and the summary names the first.
+_ONE_LINE_ERRORS = re.compile(r"^(distify\.runtime\._errors\.)?Distify(Type)?Error: ")
+_CHILD_FAILED = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:"
+# torchrun's log lines about workers it stops or saw fail: the summary says it in words.
+_TORCHRUN_NOISE = re.compile(r"^[IWE]\d{4} [\d:.]+ +\d+ torch/distributed/elastic/"
+                             r"multiprocessing/api\.py:\d+\] (Sending process \d+ closing signal"
+                             r"|failed \(exitcode: )")
+
+
+_MAY_BE_LEFT_OUT = re.compile(rb"\[|T|[IWE]\d")
+
+
+class _TerminalFilter:
+    """What of the job's stderr reaches the terminal; the log keeps everything.
+
+    Line by line, it leaves out torchrun's own failure report (its ``ChildFailedError``
+    traceback and the ``====`` block: :func:`failure_summary` says which rank failed and how),
+    torchrun's "closing signal" and "failed (exitcode" lines, the tracebacks of the runtime's
+    one-line errors (the summary quotes the error), and, once :meth:`mute` is called (Ctrl-C),
+    everything. A traceback is held until its last line says what it is; any other one is
+    shown whole. Text without a newline yet (a progress bar) is shown at once, unless it may
+    start a traceback or a torchrun line.
+    """
+
+    def __init__(self, out) -> None:
+        self.out = out
+        self.lock = threading.Lock()
+        self.muted = False
+        self.pending = b""  # the current line's text not yet decided on
+        self.shown = False  # part of the current line is already on the terminal
+        self.held: dict[int | None, list[bytes]] = {}  # a traceback in progress, by rank
+        self.report = 0  # inside torchrun's report: "====" lines seen so far
+
+    def mute(self) -> None:
+        with self.lock:
+            self.muted = True
+
+    def feed(self, chunk: bytes) -> None:
+        with self.lock:
+            if self.muted:
+                return
+            *lines, self.pending = (self.pending + chunk).split(b"\n")
+            for raw in lines:
+                self._line(raw + b"\n")
+            if self.pending and (self.shown or self._partial_is_plain(self.pending)):
+                self._write(self.pending)
+                self.pending, self.shown = b"", True
+            self.out.flush()
+
+    def close(self) -> None:
+        """The job's stderr ended: show what was held back (a traceback cut short)."""
+        with self.lock:
+            if not self.muted:
+                for lines in self.held.values():
+                    self._write(b"".join(lines))
+                self._write(self.pending)
+                self.out.flush()
+            self.held, self.pending = {}, b""
+
+    def _write(self, data: bytes) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self.out.write(data)
+
+    def _partial_is_plain(self, raw: bytes) -> bool:
+        """Whether text without its newline yet can be shown now: not if it may begin a line
+        that is left out (a traceback, a torchrun log line), nor inside a held block."""
+        if self.held or self.report:
+            return False
+        return b"\r" in raw or not _MAY_BE_LEFT_OUT.match(raw)
+
+    def _line(self, raw: bytes) -> None:
+        if self.shown:  # the rest of a line already begun on the terminal
+            self._write(raw)
+            self.shown = False
+            return
+        text = raw.decode("utf-8", "replace").rstrip("\r\n")
+        if self.report:
+            if text.startswith("=") and not text.strip("="):
+                self.report += 1
+                if self.report == 3:  # the block's closing line
+                    self.report = 0
+            return
+        match = _RANK.match(text)
+        rank = int(match.group(1)) if match else None
+        body = text[match.end():] if match else text
+        if rank in self.held:
+            self.held[rank].append(raw)
+            if body.startswith((" ", "\t")) or not body.strip():
+                return
+            lines = self.held.pop(rank)
+            if body.startswith(_CHILD_FAILED):
+                self.report = 1
+            elif not _ONE_LINE_ERRORS.match(body):
+                self._write(b"".join(lines))
+            return
+        if body.startswith(_TRACEBACK):
+            self.held[rank] = [raw]
+        elif not _TORCHRUN_NOISE.match(text):
+            self._write(raw)
 
 
 def failure_summary(result: JobResult, script: str) -> list[str]:
-    """Short lines that end a failed job: the first rank whose Python traceback appears in its
-    stderr, its exception, the line of ``script`` it was at, and where the full log is."""
-    first = _first_traceback(Path(result.log).read_text(encoding="utf-8", errors="replace"))
+    """Short lines that end a failed job: the rank that failed first and how (a Python
+    exception and the line of ``script`` it was at, a signal, or an exit code), then the exit
+    code (see :func:`job_exit_code`) and where the full log is."""
+    text = Path(result.log).read_text(encoding="utf-8", errors="replace")
+    cause = _root_cause(text)
     lines = []
-    if first:
+    if cause is not None and cause[1] < 0:
+        rank, code = cause
+        lines.append(f"rank {rank} was killed by {_signal_name(-code)} (exit {code}): "
+                     f"{_KILLED_HINT.get(-code, 'killed from outside the job?')}")
+    elif (first := _first_traceback(text)) is not None:
         rank, frames, exception = first
         who = f"rank {rank}" if rank is not None else "a process"
         lines.append(f"{who} failed first: {exception}")
@@ -257,31 +371,126 @@ def failure_summary(result: JobResult, script: str) -> list[str]:
         if at_script:
             _, line, code = at_script[-1]
             lines.append(f"  at {script}:{line}: {code}")
-    lines.append(f"the job failed with exit code {result.code}; its full stderr, every rank's: "
+    elif cause is not None:
+        lines.append(f"rank {cause[0]} exited with code {cause[1]}")
+    code = job_exit_code(result)
+    own = f" (rank {cause[0]}'s own)" if cause is not None and code != result.code else ""
+    lines.append(f"the job failed with exit code {code}{own}; its full stderr, every rank's: "
                  f"{result.log}")
     return lines
+
+
+_KILLED_HINT = {signal.SIGKILL: "out of memory or preempted?",
+                signal.SIGTERM: "stopped from outside (preempted, or a time limit)?",
+                signal.SIGSEGV: "a crash in native code (a library, a driver)?",
+                signal.SIGABRT: "a crash in native code (a library, a driver)?",
+                signal.SIGBUS: "a crash in native code, or /dev/shm full?"}
+
+
+def job_exit_code(result: JobResult) -> int:
+    """The exit code ``distify launch`` returns: the code of the worker that failed first
+    (torchrun's root cause; 128 + N for one killed by signal N), else torchrun's own."""
+    if result.interrupted or not result.code:
+        return result.code
+    cause = _root_cause(Path(result.log).read_text(encoding="utf-8", errors="replace"))
+    if cause is None or cause[1] == 0:
+        return result.code
+    return cause[1] if cause[1] > 0 else 128 - cause[1]
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+# One failure in torchrun's report ("Failures:" and "Root Cause (first observed failure):").
+_REPORTED = re.compile(r"^\[\d+\]:\n  time +: (\S+)\n(?:  .*\n)*?  rank +: (\d+)[^\n]*\n"
+                       r"(?:  .*\n)*?  exitcode +: (-?\d+)", re.MULTILINE)
+_ROOT = "Root Cause (first observed failure):"
+# Signals torchrun itself sends to the workers it stops once one has failed.
+_STOPPING = (signal.SIGTERM, signal.SIGINT)
+
+
+def _root_cause(text: str) -> tuple[int, int] | None:
+    """(rank, exit code) of the worker that failed first by torchrun's report.
+
+    torchrun's root cause is the earliest failure to the second, ties going to the lowest
+    local rank: a rank killed by a signal (the OOM killer, a preemption) and a rank that then
+    fails on the lost connection often tie, and the report names the second. So a worker
+    killed by a signal other than torchrun's own SIGTERM within 2 seconds of the root cause
+    is named instead."""
+    root_at = text.rfind(_ROOT)
+    if root_at < 0:
+        return None
+    base = max(text.rfind("Failures:", 0, root_at), 0)
+    entries = [(match.start() > root_at, _seconds(match.group(1)),
+                int(match.group(2)), int(match.group(3)))
+               for match in _REPORTED.finditer(text, base)]
+    root = next(((when, rank, code) for is_root, when, rank, code in entries if is_root), None)
+    if root is None:
+        return None
+    when, rank, code = root
+    if code >= 0:
+        for _, other_when, other_rank, other_code in entries:
+            if (other_code < 0 and -other_code not in _STOPPING and None not in (when, other_when)
+                    and abs(other_when - when) <= 2):
+                return other_rank, other_code
+    return rank, code
+
+
+def _seconds(stamp: str) -> float | None:
+    """torchrun's failure time (2026-12-03_09:20:09) in seconds, or None."""
+    import datetime
+
+    try:
+        return datetime.datetime.strptime(stamp, "%Y-%m-%d_%H:%M:%S").timestamp()
+    except ValueError:
+        return None
+
+
+def interrupt_summary(result: JobResult, script: str) -> list[str]:
+    """One line per rank at most after a Ctrl-C: the line of ``script`` it was stopped at."""
+    lines = []
+    target = os.path.realpath(script)
+    for rank, frames, exception in _tracebacks(Path(result.log).read_text(
+            encoding="utf-8", errors="replace")):
+        if rank is None or not exception.startswith("KeyboardInterrupt"):
+            continue
+        at_script = [(line, code) for path, line, code in frames
+                     if os.path.realpath(path) == target]
+        if at_script and not any(line.startswith(f"rank {rank} ") for line in lines):
+            lines.append(f"rank {rank} stopped at {script}:{at_script[-1][0]}: "
+                         f"{at_script[-1][1]}")
+    return sorted(lines, key=lambda line: int(line.split()[1]))
 
 
 def _first_traceback(text: str):
     """(rank or None, [(path, line, code)], 'Type: message') of the first traceback a worker
     printed, skipping torchrun's own (whose frames are all in torch)."""
+    for rank, frames, exception in _tracebacks(text):
+        if not all("/torch/" in path or path.startswith("<") for path, _, _ in frames):
+            return rank, frames, exception
+    return None
+
+
+def _tracebacks(text: str) -> list:
+    """Every traceback in ``text``, in the order they end: (rank or None, frames, exception)."""
     streams: dict[int | None, list[str]] = {}
     done = []
     for raw in text.splitlines():
         match = _RANK.match(raw)
         rank = int(match.group(1)) if match else None
         line = raw[match.end():] if match else raw
-        if line.startswith("Traceback (most recent call last):"):
+        if line.startswith(_TRACEBACK):
             streams[rank] = []
         elif rank in streams:
             if line.startswith((" ", "\t")) or not line.strip():
                 streams[rank].append(line)
             else:
                 done.append((rank, _frames(streams.pop(rank)), line.strip()))
-    for rank, frames, exception in done:
-        if not all("/torch/" in path or path.startswith("<") for path, _, _ in frames):
-            return rank, frames, exception
-    return None
+    return done
 
 
 def _frames(lines: list[str]) -> list[tuple[str, int, str]]:
