@@ -80,7 +80,8 @@ def fsdp_options(func):
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
     epilog="""\b
 Examples:
-  distify launch train_dist.py                      # uses train_dist.yaml beside it
+  distify launch train_dist.py                      # uses train_dist.yaml beside it, else
+                                                    # ./distify_config.yaml (distify config)
   distify launch --num_processes 2 train_dist.py --epochs 3
   distify launch --num_machines 2 --machine_rank 0 --num_processes 16 \\
       --main_process_ip 10.0.0.1 --main_process_port 29500 train_dist.py
@@ -100,6 +101,8 @@ Examples:
       # distify: rank 1 failed first: KeyError: 'lr'
       # distify:   at train_dist.py:41: lr = cfg["lr"]
       # distify: the job failed with exit code 1; its full stderr, every rank's: /tmp/...log
+      # or, for a rank the OOM killer ended (distify exits 137):
+      # distify: rank 1 was killed by SIGKILL (exit -9): out of memory or preempted?
   distify launch --num_machines 2 --machine_rank 1 --num_processes 16 \\
       --main_process_ip 10.0.0.1 --main_process_port 29500 train_dist.py
       # on the second machine: says so while it waits for machine_rank 0
