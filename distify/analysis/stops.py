@@ -37,25 +37,47 @@ that cannot be decided alike makes its loop uneven, which makes every exit insid
 iterated to a fixed point. Inside a ``try`` block with handlers, positions count as reached by
 only some processes (one that raises leaves early).
 
-**How a test is decided.** One ordering comparison of a per-process value with one equal
-everywhere (``loss.item() < 1.0``, ``running_reward > goal``, ``loss > eps``) compares the mean
-over the processes instead: the global batch's value when the batches are equal in size, what
-one process training on all of them would see. Any other test (``and``/``or``, a call such as
-``math.isfinite(loss)``, ``==``, two per-process values) is decided whole: an exit is taken by
-every process as soon as any process's test says so (``any_process``; ``all_processes`` for a
-``while`` test), so none trains on alone.
+**Skips and exits in called functions.** A ``continue`` on a per-process test in a loop that
+trains is a decision like an exit when what it skips in the rest of the step needs every
+process (issue 26): a backward (its gradient all-reduce), a collective, an optimizer's (scaler's,
+scheduler's) ``step``. A process that skips alone leaves the others waiting in the all-reduce,
+or steps its replica apart. It leaves no loop, so it makes none uneven; what follows it is
+reached alike once it is decided alike. A ``continue`` that skips nothing of the kind (after
+the step's work) stays a branch, as before. A call of a local function that may end the process
+(``sanity_check(x)``, whose ``if torch.isnan(batch).any(): sys.exit(0)`` is an exit from the
+nest's loops) is walked into, at the call's place, with the function's parameters per process
+when an argument is: its exits are the nest's (:attr:`Stop.calls` names the calls that reach
+them; a test reached through several calls is alike only if it is through each). A call of a
+local function that always ends the process (``die(msg)``) is an exit like ``sys.exit``.
+
+**How a test is decided.** The global batch's value is what one process training on all the
+processes' batches would see. One ordering comparison of a per-process value with one equal
+everywhere compares that value: for a largest (smallest) value of a batch (``batch.abs().max()``,
+``x.max().item()``, ``torch.amax(x)``) the largest (smallest) of the processes' (``op="max"``,
+``"min"``: ``max > limit`` then holds as soon as it would on any process's batch); for a loss,
+a reward, a metric, a time (``loss.item() < 1.0``, ``running_reward > goal``) the mean over the
+processes, the global batch's value when the batches are equal in size. The mean is right for a
+goal that ends the loop (``break``, ``return``, a ``while`` test, a gate to an evaluation); it is
+never used for a per-batch guard, a test that ends the process (``sys.exit``) or skips the step
+(``continue``): single-process, that acts on the first batch for which it holds, so it is
+decided whole. Any test not one such comparison (``and``/``or``, a call such as
+``math.isfinite(loss)``, ``==``, two per-process values), and every guard, is decided whole:
+taken by every process as soon as any process's test says so (``any_process``;
+``all_processes`` for a ``while`` test or a test whose ``else`` leaves), so none trains on alone.
 
 What it does not do: follow values into other functions (a function's result is per process
-unless its callee is known to be pure), reason about exceptions other than as per-process, or
-look at exits from loops that do not train (evaluation loops may end unevenly; nothing there
-waits for a gradient all-reduce).
+unless its callee is known to be pure; only exits are followed into functions the nest calls),
+reason about exceptions other than as per-process (a ``continue`` in an exception handler is
+not decided, only what it makes unreachable alike is reported), or look at exits from loops
+that do not train (evaluation loops may end unevenly; nothing there waits for a gradient
+all-reduce).
 """
 
 from __future__ import annotations
 
 import builtins
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import libcst as cst
@@ -128,6 +150,11 @@ class NestContext:
     collective: Callable[[cst.Call], bool] = lambda call: False
     #: the indented blocks around the nest's loop (to place the tests' lines)
     depth: int = 0
+    #: a local function (``sanity_check`` for ``sanity_check(x)``) that may end the process
+    #: (it calls ``sys.exit``, directly or through another), to follow into; else None
+    exiting: Callable[[str], cst.FunctionDef | None] = lambda name: None
+    #: does this call always end the process (a local ``die(msg)`` that calls ``sys.exit``)?
+    ends: Callable[[cst.Call], bool] = lambda call: False
 
 
 @dataclass(frozen=True)
@@ -160,6 +187,17 @@ class Stop:
     kind: Literal["exit", "gate", "site"] = "exit"
     #: for a gate: the first call in its branches that reaches a collective
     collective: cst.Call | None = None
+    #: for ``reduce``: how the processes' values make the global batch's value: ``"mean"``
+    #: (a loss, a reward, a metric), ``"max"``/``"min"`` (a batch's largest/smallest value)
+    op: Literal["mean", "max", "min"] = "mean"
+    #: how the test leaves: ``break``, ``return``, ``exit`` (the process ends), ``continue``
+    #: (the rest of the step is skipped), ``while``, or ``gate``
+    how: str = "break"
+    #: for a test inside a local function the nest calls (``sanity_check(x)``, whose ``if``
+    #: calls ``sys.exit``): the calls of the nest that reach it; empty for the nest's own tests
+    calls: tuple[cst.Call, ...] = ()
+    #: ... and that function's name
+    function: str | None = None
 
 
 def find_stops(loop: cst.For | cst.While, ctx: NestContext) -> list[Stop]:
@@ -179,15 +217,18 @@ def find_stops(loop: cst.For | cst.While, ctx: NestContext) -> list[Stop]:
         if not exit_.candidate:
             continue
         why = demoted.get(id(exit_.node))
+        op = exit_.extreme or "mean"
         if why is not None:
             action: Action = "note"
-        elif exit_.operand is not None:
+        elif exit_.operand is not None and (exit_.extreme is not None
+                                            or exit_.how not in ("exit", "continue")):
             action = "reduce"
         else:
             action = "all" if exit_.keeps_going_when_true else "any"
         stops.append(Stop(exit_.node, exit_.test, exit_.names, action, exit_.operand,
                           why or "", exit_.varies, exit_.depth, exit_.kind,
-                          exit_.collective))
+                          exit_.collective, op, exit_.how, tuple(exit_.calls),
+                          exit_.function))
     for site in walk.sites.values():
         if not any(dep in demoted for dep in site.deps):  # else its test's note says it
             stops.append(Stop(site.node, site.call, (), "note", why=site.why, varies=False,
@@ -223,6 +264,8 @@ class FileFunctions:
         self.functions = functions
         self._agreeing: dict[str, bool] = {}
         self._collective: dict[str, bool] = {}
+        self._exiting: dict[str, bool] = {}
+        self._ending: dict[str, bool] = {}
 
     def collective(self, call: cst.Call) -> bool:
         """Does ``call`` reach a collective: a runtime collective (``rt.reduce(...)``), or a
@@ -242,6 +285,38 @@ class FileFunctions:
                                           for inner in _calls(function.body, definitions=False))
         return self._collective[local]
 
+    def exiting(self, name: str, is_exit: Callable[[cst.Call], bool]) -> cst.FunctionDef | None:
+        """The local function ``name`` if it may end the process: it calls ``sys.exit`` (a
+        call ``is_exit`` accepts), directly or through another local function."""
+        function = self.functions.get(name)
+        if function is None:
+            return None
+        if name not in self._exiting:
+            self._exiting[name] = False  # while deciding: a recursive call adds nothing
+            self._exiting[name] = any(
+                is_exit(call) or ((inner := _local_callee(call.func)) is not None
+                                  and self.exiting(inner, is_exit) is not None)
+                for call in _calls(function.body, definitions=False))
+        return function if self._exiting[name] else None
+
+    def ends(self, call: cst.Call, is_exit: Callable[[cst.Call], bool]) -> bool:
+        """Does ``call`` always end the process: ``sys.exit(...)``, or a local function one of
+        whose own statements (not under a branch) does (``def die(msg): print(msg);
+        sys.exit(1)``)?"""
+        if is_exit(call):
+            return True
+        name = _local_callee(call.func)
+        function = self.functions.get(name) if name is not None else None
+        if function is None:
+            return False
+        if name not in self._ending:
+            self._ending[name] = False
+            self._ending[name] = any(
+                isinstance(small, cst.Expr) and isinstance(small.value, cst.Call)
+                and self.ends(small.value, is_exit)
+                for stmt in _top_statements(function.body) for small in stmt.body)
+        return self._ending[name]
+
     def agrees(self, name: str, ctx: NestContext) -> bool:
         """Does the local function ``name`` return a value equal on every process (see
         :func:`returns_agree`)?"""
@@ -250,6 +325,16 @@ class FileFunctions:
             function = self.functions.get(name)
             self._agreeing[name] = function is not None and returns_agree(function, ctx)
         return self._agreeing[name]
+
+
+def calls_in(node: cst.CSTNode) -> list[cst.Call]:
+    """Every call in ``node``, nested definitions included (not lambdas)."""
+    return _calls(node)
+
+
+def local_callee(func: cst.BaseExpression) -> str | None:
+    """``evaluate`` for ``evaluate(...)`` and ``self.evaluate(...)``, else None."""
+    return _local_callee(func)
 
 
 # --------------------------------------------------------------------------- the walk's records
@@ -285,6 +370,12 @@ class _Exit:
     depth: int = 0
     kind: Literal["exit", "gate"] = "exit"
     collective: cst.Call | None = None
+    how: str = "break"
+    #: the operand is a largest/smallest value (``batch.abs().max()``): ``"max"``/``"min"``
+    extreme: Literal["max", "min"] | None = None
+    #: the nest's calls through which a test in a local function is reached
+    calls: list[cst.Call] = field(default_factory=list)
+    function: str | None = None
 
 
 @dataclass
@@ -379,6 +470,11 @@ class _Walk:
         self.returns: list[bool] | None = None
         self.depth = ctx.depth
         self._trains: dict[int, tuple[bool, bool]] = {}
+        #: following a call of the nest into a local function that may end the process: the
+        #: nest's call, the functions being walked, and how many loops of the stack are the
+        #: nest's
+        self._via: list[tuple[cst.Call, str]] = []
+        self._base = 0
 
     def nest(self, loop: cst.For | cst.While) -> None:
         path = _Path("the loop runs on the main process only") if self.ctx.main_only \
@@ -509,7 +605,7 @@ class _Walk:
 
     def small(self, small: cst.BaseSmallStatement, path: _Path) -> None:
         implicit = self._implicit(path)
-        if path.bad is not None and path.some and not path.soft:
+        if path.bad is not None and path.some and not path.soft and not self._via:
             call = next((c for c in _calls(small) if self.ctx.collective(c)), None)
             if call is not None:
                 self.order.setdefault(id(small), len(self.order))
@@ -533,8 +629,34 @@ class _Walk:
             if isinstance(small, cst.Return) and self.returns is not None:
                 self.returns.append(small.value is None or self.varies(small.value) or implicit)
         if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call) \
-                and self.ctx.is_exit(small.value):
+                and self._ends(small.value):
             self.bare_exit(small, path, "exit")
+        elif self.stack:
+            self._follow(small, path)
+
+    def _follow(self, small: cst.BaseSmallStatement, path: _Path) -> None:
+        """Walk into the local functions ``small`` calls that may end the process
+        (``sanity_check(x)``, whose ``if torch.isnan(batch).any(): sys.exit(0)`` is an exit
+        from the nest's loops), with their parameters per process when an argument is."""
+        for call in _calls(small, definitions=False):
+            name = _local_callee(call.func)
+            if name is None or self.ctx.is_imported(name) \
+                    or name in {function for _, function in self._via}:
+                continue
+            function = self.ctx.exiting(name)
+            if function is None:
+                continue
+            params = _parameters(function)
+            args_vary = any(self.varies(arg.value) for arg in call.args)
+            saved = (set(self.varying), self.returns, self.depth, self._base)
+            self.varying = (self.varying | params) if args_vary else (self.varying - params)
+            self.returns, self.depth, self._base = None, 0, len(self.stack)
+            self._via.append((call, name))
+            try:
+                self.suite(function.body, path)
+            finally:
+                self._via.pop()
+                self.varying, self.returns, self.depth, self._base = saved
 
     def mutate(self, small: cst.BaseSmallStatement, implicit: bool) -> None:
         """A call may change what it is called on: ``losses.append(loss.item())``,
@@ -564,7 +686,9 @@ class _Walk:
     def bare_exit(self, stmt: cst.CSTNode, path: _Path, how: str) -> None:
         if id(stmt) in self.claimed or not self.stack:
             return
-        leaves = self.stack[-1:] if how == "break" else list(self.stack)
+        leaves = self._left({how})
+        if not leaves:  # a return of a function the nest calls
+            return
         self._record(_Exit(stmt, None, (), False, False, leaves, list(self.stack), path.bad,
                            path.deps))
 
@@ -580,21 +704,34 @@ class _Walk:
     def if_(self, node: cst.If, path: _Path) -> None:
         varies = self.varies(node.test)
         else_suite = node.orelse.body if isinstance(node.orelse, cst.Else) else None
-        leaving = _leaving(node.body, self.ctx.is_exit)
+        leaving = _leaving(node.body, self._ends)
         keeps_going = False
         if not leaving and else_suite is not None:
-            leaving, keeps_going = _leaving(else_suite, self.ctx.is_exit), True
+            leaving, keeps_going = _leaving(else_suite, self._ends), True
+        hows = {how for _, how in leaving}
+        if hows == {"continue"}:
+            # a test that skips the rest of the step: decided alike only where what it skips
+            # needs every process (a backward's gradient all-reduce, a collective, the
+            # optimizer's step); else a branch like any other, as before
+            skips = self._skipped_work(node) if (varies or path.some) and self.stack else None
+            if skips is None:
+                leaving = []
+        else:
+            leaving = [(stmt, how) for stmt, how in leaving if how != "continue"]
+            hows.discard("continue")
+        leaves = self._left(hows) if leaving and self.stack and hows != {"continue"} else []
         branch = path
-        if leaving and self.stack:
+        if leaving and (leaves or hows == {"continue"}):
             self.claimed.update(id(stmt) for stmt, _ in leaving)
-            leaves = self.stack[-1:] if all(how == "break" for _, how in leaving) \
-                else list(self.stack)
+            how = "continue" if hows == {"continue"} else "exit" if "exit" in hows \
+                else "return" if "return" in hows else "break"
             # a test on a per-process value, or one only some processes reach
-            candidate = (varies or path.some) \
-                and any(self._loop_trains(loop.node) for loop in leaves)
+            candidate = (varies or path.some) and (
+                how == "continue" or any(self._loop_trains(loop.node) for loop in leaves))
             exit_ = _Exit(node, node.test, self.varying_names(node.test), varies, candidate,
                           leaves, list(self.stack), path.bad, path.deps, keeps_going,
-                          self._operand(node.test) if candidate else None, self.depth)
+                          self._operand(node.test) if candidate else None, self.depth,
+                          how=how)
             self._record(exit_)
             if candidate and id(node) not in self.demoted:
                 branch = path.needs(id(node))
@@ -604,7 +741,7 @@ class _Walk:
             # a gate: only the processes whose test holds would reach the collective
             exit_ = _Exit(node, node.test, self.varying_names(node.test), True, True, [],
                           list(self.stack), path.bad, path.deps, False,
-                          self._operand(node.test), self.depth, "gate", collective)
+                          self._operand(node.test), self.depth, "gate", collective, "gate")
             self._record(exit_)
             branch = path.needs(id(node))
             if id(node) in self.demoted:  # its note covers what it leads to
@@ -615,6 +752,29 @@ class _Walk:
         self.branches([node.body, orelse if isinstance(orelse, cst.If) else else_suite],
                       branch)
 
+    def _ends(self, call: cst.Call) -> bool:
+        return self.ctx.is_exit(call) or self.ctx.ends(call)
+
+    def _left(self, hows: set[str]) -> list[_LoopInfo]:
+        """The loops left by ``break`` (the innermost), an exit (all: the process ends), or
+        ``return`` (all of the nest's; in a function the nest calls, that function's own)."""
+        if hows == {"break"}:
+            return self.stack[-1:]
+        if "exit" in hows:
+            return list(self.stack)
+        return list(self.stack[self._base:])
+
+    def _skipped_work(self, node: cst.If) -> str | None:
+        """What a ``continue`` in ``node`` skips in the rest of the innermost loop's step that
+        every process must do alike (``loss.backward()``, a collective, ``optimizer.step()``),
+        or None. Only in a loop that trains."""
+        loop = self.stack[-1].node
+        if not self._loop_trains(loop):
+            return None
+        finder = _After(node, self.ctx)
+        loop.body.visit(finder)
+        return None if finder.found is None else _code(finder.found)
+
     def _collective_in(self, node: cst.If) -> cst.Call | None:
         """The first call in a branch of ``node`` (``elif``/``else`` included) that reaches a
         collective, or None."""
@@ -623,6 +783,14 @@ class _Walk:
                      if self.ctx.collective(call)), None)
 
     def _record(self, exit_: _Exit) -> None:
+        if exit_.operand is not None:
+            exit_.extreme = _extreme(exit_.operand, self.ctx.qual)
+        old = self.exits.get(id(exit_.node))
+        if self._via:
+            call, _ = self._via[0]
+            exit_.calls, exit_.function = [call], self._via[-1][1]
+            if old is not None:  # reached from several calls: alike only if from each
+                exit_ = _merged(old, exit_)
         self.exits[id(exit_.node)] = exit_
         self.order.setdefault(id(exit_.node), len(self.order))
 
@@ -831,7 +999,8 @@ def _top_statements(body: cst.BaseSuite) -> Iterator[cst.CSTNode]:
 def _leaving(body: cst.BaseSuite, is_exit: Callable[[cst.Call], bool]) \
         -> list[tuple[cst.CSTNode, str]]:
     """The statements of ``body`` itself that leave the loop: ``break``, ``return``, or a call
-    ``is_exit`` accepts (``sys.exit(1)``), each with how it leaves."""
+    ``is_exit`` accepts (``sys.exit(1)``), each with how it leaves; and ``continue``, which
+    leaves the step."""
     statements = body.body if isinstance(body, cst.IndentedBlock) else [body]
     found = []
     for stmt in statements:
@@ -840,6 +1009,8 @@ def _leaving(body: cst.BaseSuite, is_exit: Callable[[cst.Call], bool]) \
         for small in stmt.body:
             if isinstance(small, cst.Break):
                 found.append((small, "break"))
+            elif isinstance(small, cst.Continue):
+                found.append((small, "continue"))
             elif isinstance(small, cst.Return):
                 found.append((small, "return"))
             elif isinstance(small, cst.Expr) and isinstance(small.value, cst.Call) \
@@ -934,3 +1105,102 @@ def _head(node: cst.CSTNode) -> str:
 def _branch_why(test: cst.BaseExpression) -> str:
     return f"it is reached only in a branch of `if {_code(test)}:`, a test on a value that " \
            "differs between processes"
+
+
+def _merged(old: _Exit, new: _Exit) -> _Exit:
+    """One test in a function the nest calls, reached through ``old``'s calls and ``new``'s."""
+    def union(a: list, b: list) -> list:
+        return a + [x for x in b if all(x is not y for y in a)]
+
+    candidate = old.candidate or new.candidate
+    return _Exit(new.node, new.test, tuple(sorted(set(old.names) | set(new.names))),
+                 old.varies or new.varies, candidate, union(old.leaves, new.leaves),
+                 union(old.inside, new.inside), old.bad or new.bad, old.deps | new.deps,
+                 new.keeps_going_when_true, new.operand or old.operand if candidate else None,
+                 new.depth, new.kind, new.collective, new.how, new.extreme or old.extreme,
+                 union(old.calls, new.calls), new.function)
+
+
+def _parameters(function: cst.FunctionDef) -> set[str]:
+    params = function.params
+    names = {p.name.value for p in (*params.posonly_params, *params.params,
+                                    *params.kwonly_params)}
+    for star in (params.star_arg, params.star_kwarg):
+        if isinstance(star, cst.Param):
+            names.add(star.name.value)
+    return names - {"self", "cls"}
+
+
+#: wrappers that keep a value (``x.max().item()``, ``float(x.max())``)
+_KEEPING = frozenset({"item", "float", "double", "cpu", "detach", "clone", "to", "tolist"})
+_EXTREMES = {"max": "max", "amax": "max", "min": "min", "amin": "min"}
+
+
+def _extreme(operand: cst.BaseExpression,
+             qual: Callable[[cst.BaseExpression], str | None]) -> Literal["max", "min"] | None:
+    """``"max"`` for a largest value (``batch.abs().max()``, ``x.max().item()``,
+    ``torch.amax(x)``, ``max(values)``), ``"min"`` for a smallest one, else None: over the
+    processes, the global batch's is the largest (smallest) of theirs."""
+    node = operand
+    while isinstance(node, cst.Call):
+        func = node.func
+        if isinstance(func, cst.Attribute) and func.attr.value in _KEEPING:
+            node = func.value
+            continue
+        if isinstance(func, cst.Name) and func.value in ("float", "int") and len(node.args) == 1:
+            node = node.args[0].value
+            continue
+        break
+    if not isinstance(node, cst.Call):
+        return None
+    func = node.func
+    if isinstance(func, cst.Attribute) and func.attr.value in _EXTREMES \
+            and not any(arg.keyword is None or arg.keyword.value == "dim" for arg in node.args):
+        return _EXTREMES[func.attr.value]  # whole-tensor `x.max()`, not `x.max(dim)`
+    name = qual(func) or dotted_name(func) or ""
+    module, _, last = name.rpartition(".")
+    if last in _EXTREMES and module in ("", "torch", "numpy", "math") and node.args:
+        return _EXTREMES[last]
+    return None
+
+
+class _After(cst.CSTVisitor):
+    """The first call after ``node`` (in source order, outside nested definitions) that needs
+    every process alike: a backward pass, a collective, an optimizer's (scaler's, scheduler's)
+    ``step``."""
+
+    def __init__(self, node: cst.CSTNode, ctx: NestContext) -> None:
+        super().__init__()
+        self.node = node
+        self.ctx = ctx
+        self.after = False
+        self.found: cst.Call | None = None
+
+    def on_leave(self, original: cst.CSTNode) -> None:
+        if original is self.node:
+            self.after = True
+        super().on_leave(original)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if self.after and self.found is None and (
+                _is_training_call(node, self.ctx) or self.ctx.collective(node)
+                or _is_step(node)):
+            self.found = node
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return False
+
+    def visit_Lambda(self, node: cst.Lambda) -> bool:
+        return False
+
+
+def _is_step(call: cst.Call) -> bool:
+    """``optimizer.step()``, ``scaler.step(opt)``, ``self.optim.step()``,
+    ``scheduler.step()``: skipped on some processes only, the replicas drift apart."""
+    func = call.func
+    if not (isinstance(func, cst.Attribute) and func.attr.value == "step"):
+        return False
+    owner = func.value
+    name = owner.attr.value if isinstance(owner, cst.Attribute) else \
+        owner.value if isinstance(owner, cst.Name) else ""
+    return any(part in name.lower() for part in ("opt", "scaler", "sched"))

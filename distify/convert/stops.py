@@ -5,12 +5,21 @@ process and not on another: that one leaves, and the others wait for it in DDP's
 all-reduce. Where :mod:`distify.analysis.stops` proves that every process reaches the test the
 same number of times, the test is decided on all of them at once:
 
-- one ordering comparison of a per-process value → that value averaged over the processes:
-  ``if loss.item() < 1.0:`` → ``if rt.reduce(loss.item(), op="mean") < 1.0:``,
-  ``while loss > eps:`` → ``while rt.reduce(loss, op="mean") > eps:``;
-- any other test → decided whole, leaving as soon as any process would:
+- one ordering comparison of a per-process value that ends the loop → that value averaged
+  over the processes: ``if loss.item() < 1.0:`` → ``if rt.reduce(loss.item(), op="mean") <
+  1.0:``, ``while loss > eps:`` → ``while rt.reduce(loss, op="mean") > eps:``;
+- one comparison of a batch's largest (smallest) value → the largest (smallest) of the
+  processes': ``if batch.abs().max() > limit:`` → ``if rt.reduce(batch.abs().max(),
+  op="max") > limit:`` (the global batch's maximum);
+- any other test, and every test that ends the process or skips the step (``sys.exit``,
+  ``continue``, never on the mean) → decided whole, as soon as any process would:
   ``if not math.isfinite(loss_value):`` → ``if rt.any_process(not math.isfinite(loss_value)):``
-  (``while rt.all_processes(...):`` for a ``while`` test).
+  (``while rt.all_processes(...):`` for a ``while`` test);
+- a test in a local function the training loop calls (``sanity_check(batch)``, whose ``if``
+  calls ``sys.exit``) → decided the same way in that function, once the whole file is seen
+  (:meth:`StopMixin.leave_Module`), where every call of the function in the file is one the
+  analysis placed in a training loop; else reported at the test. Only functions defined above
+  the loop are followed here (``distify check`` follows every one).
 
 In a single process ``reduce`` returns its input and the helpers are ``bool(test)``: the script
 computes what the original computes. A test whose values already agree on every process (a step
@@ -20,7 +29,9 @@ per-process value, after a ``continue`` only some processes take, in an evaluati
 block that runs on the main process only, in a loop that can also be left unevenly) the test is
 left as written and reported with why.
 
-What it does not do: rewrite ``continue`` tests, or exits of loops that do not train.
+A ``continue`` on a per-process test is decided the same way when the rest of the step it skips
+needs every process (a backward, a collective, an optimizer's ``step``); one after the step's
+work is left alone. What it does not do: rewrite exits of loops that do not train.
 """
 
 from __future__ import annotations
@@ -30,7 +41,14 @@ from dataclasses import replace
 
 import libcst as cst
 
-from distify.analysis.stops import FileFunctions, NestContext, Stop, find_stops
+from distify.analysis.stops import (
+    FileFunctions,
+    NestContext,
+    Stop,
+    calls_in,
+    find_stops,
+    local_callee,
+)
 from distify.convert.base import TransformerBase
 from distify.convert.syntax import _EQUAL, _code, _leaves_loop, _strip_parens
 
@@ -50,6 +68,16 @@ class StopMixin(TransformerBase):
         self._nest_branch_base = 0  # ... around the current nest's outermost loop
         self._training_functions = frozenset(
             path[-1] for path in self.facts.training.backward_scopes if path)
+        #: tests in local functions that the nests call (``sanity_check(x)``'s ``if ...:
+        #: sys.exit(0)``), decided in :meth:`leave_Module` once every call is known:
+        #: the test's node → (its decision, the calls of training loops that reach it)
+        self._function_stops: dict[int, tuple[Stop, list[cst.Call]]] = {}
+        #: how many times the file calls each name (``f(...)``, ``self.f(...)``)
+        self._calls_of: dict[str, int] = {}
+        for call in calls_in(node):
+            name = local_callee(call.func)
+            if name is not None:
+                self._calls_of[name] = self._calls_of.get(name, 0) + 1
 
     def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef):
         name = updated.name.value
@@ -97,19 +125,30 @@ class StopMixin(TransformerBase):
         super().visit_For(node)
         if len(self._loops) == 1:
             self._nest_branch_base = self._branch_depth
+            self._calls_exiting(node)
+
+    def _calls_exiting(self, loop: cst.For | cst.While) -> None:
+        """A nest that calls a local function that may end the process is analysed."""
+        for call in calls_in(loop.body):
+            name = local_callee(call.func)
+            if name is not None and self._file_functions.exiting(name, self._is_exit):
+                self._nests_with_exits.add(id(self._loops[0]))
+                return
 
     def visit_If(self, node: cst.If) -> None:
         super().visit_If(node)
         self._branch_depth += 1
-        if self._loops and (_leaves_loop(node.body, self._is_exit) or (
-                isinstance(node.orelse, cst.Else)
-                and _leaves_loop(node.orelse.body, self._is_exit))):
+        if self._loops and any(
+                _leaves_loop(body, self._ends) or _continues(body)
+                for body in (node.body, node.orelse.body if isinstance(node.orelse, cst.Else)
+                             else None) if body is not None):
             self._nests_with_exits.add(id(self._loops[0]))
 
     def visit_While(self, node: cst.While) -> None:
         super().visit_While(node)
         if len(self._loops) == 1:
             self._nest_branch_base = self._branch_depth
+            self._calls_exiting(node)
         if not (isinstance(node.test, cst.Name) and node.test.value == "True"):
             self._nests_with_exits.add(id(self._loops[0]))
 
@@ -127,12 +166,46 @@ class StopMixin(TransformerBase):
         self._nests_with_exits.discard(id(self._loops[0]))
         replacements: dict[int, Callable[[cst.CSTNode], cst.CSTNode]] = {}
         for stop in find_stops(loop, self._nest_context()):
+            if stop.calls:  # in a function the nest calls: decided with all its calls known
+                known = self._function_stops.get(id(stop.node))
+                if known is not None:
+                    calls = known[1] + [c for c in stop.calls if all(c is not k
+                                                                     for k in known[1])]
+                    stop = known[0] if stop.action != "note" else stop
+                else:
+                    calls = list(stop.calls)
+                self._function_stops[id(stop.node)] = (stop, calls)
+                continue
             if stop.action == "note":
                 self._edit(stop.test, "divergence", self._unsafe_message(stop), human=True)
                 continue
             old, replace = self._decided(stop)
             replacements[id(old)] = replace
         return loop.visit(_Replace(loop, replacements, self._moved)) if replacements else loop
+
+    def leave_Module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
+        """Decide the tests in local functions that training loops call (``sanity_check(x)``,
+        whose ``if torch.isnan(batch).any(): sys.exit(0)`` ends one process): alike when
+        every call of the function in the file is one the analysis placed (so every process
+        reaches the collective in its test together), else reported at the test."""
+        replacements: dict[int, Callable[[cst.CSTNode], cst.CSTNode]] = {}
+        for stop, calls in self._function_stops.values():
+            name = stop.function or ""
+            if stop.action == "note":
+                self._edit(stop.test, "divergence", self._unsafe_message(stop), human=True)
+                continue
+            elsewhere = self._calls_of.get(name, 0) - len(calls)
+            if elsewhere > 0:
+                self._edit(stop.test, "divergence", self._unsafe_message(replace(
+                    stop, action="note", why=f"`{name}` is also called where not every "
+                    f"process may reach it ({elsewhere} other call(s) in the file)")),
+                    human=True)
+                continue
+            old, change = self._decided(stop)
+            replacements[id(old)] = change
+        if replacements:
+            updated = updated.visit(_Replace(updated, replacements, self._moved))
+        return super().leave_Module(original, updated)
 
     def _moved(self, old: cst.CSTNode, new: cst.CSTNode) -> None:
         """The rewrite rebuilt ``old`` as ``new``: the report's lines on it follow."""
@@ -145,42 +218,77 @@ class StopMixin(TransformerBase):
                            is_imported=self.facts.imports.aliases.__contains__,
                            training_functions=self._training_functions, agrees=self._agrees,
                            main_only=self._main_only_depth > 0, depth=self._depth,
-                           collective=self._collective)
+                           collective=self._collective,
+                           exiting=lambda name: self._file_functions.exiting(name,
+                                                                             self._is_exit),
+                           ends=self._ends)
+
+    def _ends(self, call: cst.Call) -> bool:
+        """Does ``call`` end the process (``sys.exit(1)``, a local ``die(msg)`` that does)?"""
+        return self._file_functions.ends(call, self._is_exit)
 
     def _decided(self, stop: Stop) -> tuple[cst.CSTNode, Callable[[cst.CSTNode], cst.CSTNode]]:
         """The node to replace and how, with the report's line."""
         test = _one_line(stop.test)
         gate = stop.kind == "gate"
+        where = f" in `{stop.function}`, which the training loop calls," if stop.function \
+            else ""
         if stop.action == "reduce":
             operand = stop.operand
             new = cst.Call(func=self._rt_attr("reduce"), args=[
                 cst.Arg(operand, comma=_SPACE),
-                cst.Arg(cst.SimpleString('"mean"'), keyword=cst.Name("op"), equal=_EQUAL)])
+                cst.Arg(cst.SimpleString(f'"{stop.op}"'), keyword=cst.Name("op"),
+                        equal=_EQUAL)])
             if self._test_too_long(stop, stop.test.deep_replace(operand, new)):
                 new = self._hanging_test(new)
-            what = f"every process takes the branch {self._to_collective(stop)} at the same " \
-                "step" if gate else "every process leaves the loop at the same step"
-            self._edit(new, "stop", f"`{test}` is decided on the mean of "
-                       f"`{_one_line(operand)}` over all processes: {what} (in a single "
-                       "process, the original value)")
+            value = _one_line(operand)
+            if stop.op == "mean":
+                on = (f"on the mean of `{value}` over all processes (the global batch's value "
+                      "when the batches are equal in size, what one process training on all "
+                      "of them would compare)")
+            else:
+                on = (f"on the {'largest' if stop.op == 'max' else 'smallest'} `{value}` of "
+                      f"all processes (the global batch's {stop.op}imum: the test holds as soon "
+                      f"as it would on any process's batch)" if _holds_on_any(stop) else
+                      f"on the {'largest' if stop.op == 'max' else 'smallest'} `{value}` of "
+                      f"all processes (the global batch's {stop.op}imum)")
+            self._edit(new, "stop", f"`{test}`{where} is decided {on}: "
+                       f"{self._outcome(stop, 'at the same step')} (in a single process, the "
+                       "original value)")
             return operand, lambda updated: new
         helper = "any_process" if stop.action == "any" else "all_processes"
         new = self._rt_call(helper, _strip_parens(stop.test))
         if self._test_too_long(stop, new):
             new = self._hanging_test(new)
-        if gate:
-            what = f"every process takes the branch {self._to_collective(stop)} when any of " \
-                "them would"
-        elif stop.action == "any":
-            what = "all processes leave the loop at the first step at which any of them would"
-        else:
+        if stop.action == "any" or gate:
+            what = self._outcome(stop, "when any of them would")
+        elif stop.how == "continue":
+            what = ("every process goes on with the step only when the test holds on every "
+                    "process, else all skip it")
+        elif stop.how == "while":
             what = "the loop goes on while the test holds on every process, so all leave together"
-        self._edit(new, "stop", f"`{test}` is decided alike on every process "
+        else:
+            what = "every process goes on only while the test holds on every process, so all " \
+                "leave together"
+        self._edit(new, "stop", f"`{test}`{where} is decided alike on every process "
                    f"(`{self.rt}.{helper}`): {what} (in a single process, the test itself)")
         space = "whitespace_before_test" if isinstance(stop.node, cst.If) \
             else "whitespace_after_while"  # `if(a and b):` needs one once its parens go
         return stop.node, lambda updated: updated.with_changes(
             test=new, **{space: cst.SimpleWhitespace(" ")})
+
+    def _outcome(self, stop: Stop, when: str) -> str:
+        """What deciding ``stop`` alike does, for the report."""
+        if stop.kind == "gate":
+            return f"every process takes the branch {self._to_collective(stop)} {when}"
+        if stop.how == "continue":
+            return (f"every process skips the rest of the step {when} (a process skipping "
+                    "alone would leave the others waiting in the next gradient all-reduce)")
+        if stop.how == "exit":
+            return f"every process ends {when}, not one alone while the others wait for it"
+        if when == "when any of them would":
+            return "all processes leave the loop at the first step at which any of them would"
+        return f"every process leaves the loop {when}"
 
     def _to_collective(self, stop: Stop) -> str:
         """How a gate's branch reaches its collective, for the report."""
@@ -226,11 +334,21 @@ class StopMixin(TransformerBase):
                     f"`{self.rt}.reduce(x, op=\"mean\")`)")
         reads = (f"reads {', '.join(f'`{n}`' for n in stop.names)}, which differ"
                  if stop.names else "calls something whose result differs")
-        return (f"data-dependent exit from a training loop: `{test}` {reads} between "
+        fix = f"`{self.rt}.any_process(...)`" if stop.how in ("exit", "continue") \
+            else f"`{self.rt}.reduce(x, op=\"mean\")`"
+        if stop.how == "continue":
+            return (f"data-dependent skip in a training loop: `{test}` {reads} between "
+                    "processes, and its `continue` skips work every process must do together "
+                    "(a process that skips alone leaves the others waiting in the gradient "
+                    "all-reduce: the job hangs). Not rewritten: a collective here would not be "
+                    f"reached alike ({stop.why}). Decide it on a value every process agrees "
+                    f"on, where all of them reach it (e.g. {fix})")
+        where = f" in `{stop.function}`, which the training loop calls," if stop.function \
+            else ""
+        return (f"data-dependent exit from a training loop: `{test}`{where} {reads} between "
                 "processes, so they may leave at different steps and hang. Not rewritten: a "
                 f"collective here would not be reached alike ({stop.why}). Decide it on a "
-                "value every process agrees on, where all of them reach it (e.g. "
-                f"`{self.rt}.reduce(x, op=\"mean\")`)")
+                f"value every process agrees on, where all of them reach it (e.g. {fix})")
 
 
 def _one_line(node: cst.CSTNode) -> str:
@@ -275,3 +393,27 @@ class _Replace(cst.CSTTransformer):
         if result is not original:
             self.moved(original, result)
         return result
+
+
+def _continues(body: cst.BaseSuite) -> bool:
+    """Does ``body`` itself end with ``continue`` (skip the rest of the step)?"""
+    statements = body.body if isinstance(body, cst.IndentedBlock) else [body]
+    return any(isinstance(small, cst.Continue) for stmt in statements
+               if isinstance(stmt, (cst.SimpleStatementLine, cst.SimpleStatementSuite))
+               for small in stmt.body)
+
+
+def _holds_on_any(stop: Stop) -> bool:
+    """Is the test ``largest > bound`` (``smallest < bound``), true on the global batch exactly
+    when it is on some process's batch?"""
+    core = stop.test
+    negated = False
+    while isinstance(core, cst.UnaryOperation) and isinstance(core.operator, cst.Not):
+        core, negated = core.expression, not negated
+    if not isinstance(core, cst.Comparison) or len(core.comparisons) != 1:
+        return False
+    operator = core.comparisons[0].operator
+    above = isinstance(operator, (cst.GreaterThan, cst.GreaterThanEqual))
+    if core.left is not stop.operand:
+        above = not above
+    return not negated and above == (stop.op == "max")

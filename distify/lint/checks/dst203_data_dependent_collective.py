@@ -22,16 +22,20 @@ class DataDependentCollective(LintRule):
     ``evaluate`` reduces its sums over the processes, runs the reduce on the processes whose loss
     is under 0.5 only, and they wait for the others forever; ``if loss.item() < 1e-3: break``
     leaves the training loop on some processes while the others wait in DDP's next gradient
-    all-reduce. The same holds for a collective after a ``continue`` only some processes take,
-    or in an exception handler.
+    all-reduce. So does ``if not math.isfinite(loss.item()): continue`` before the backward (the
+    process that skips it leaves the others in the all-reduce), and ``sys.exit`` in a function
+    the training loop calls (``sanity_check(batch)``): the test there is reported at its line.
+    The same holds for a collective after a ``continue`` only some processes take, or in an
+    exception handler.
 
     This is the analysis ``distify convert`` uses to place its collectives (the values that
     differ between processes are followed through the loop: batches, model outputs, losses,
     what is computed from them; not step counters, settings, or what ``distify.reduce`` or a
     reduced ``evaluate()`` returns). The fix is the one ``convert`` makes: decide the test on a
-    value every process agrees on, ``if distify.reduce(loss.item(), op="mean") < 0.5:``, or
-    ``distify.any_process(...)`` for a test that is not one comparison. Checked in files that
-    import the distify runtime; no automatic fix.
+    value every process agrees on, ``if distify.reduce(loss.item(), op="mean") < 0.5:`` (``op=
+    "max"`` for a batch's largest value), or ``distify.any_process(...)`` for a test that is not
+    one comparison, a ``continue`` and a ``sys.exit``. Checked in files that import the distify
+    runtime; no automatic fix.
     """
 
     CODE = "DST203"
@@ -58,6 +62,27 @@ class DataDependentCollective(LintRule):
                 distify.backward(loss)
                 if loss.item() > 10:
                     print("large loss", loss.item())
+        """),
+        Valid("""
+            import math
+            import sys
+            import torch
+            import distify.runtime as distify
+
+            def sanity_check(batch):
+                if distify.any_process(torch.isnan(batch).any()):
+                    sys.exit(0)
+
+            for x, y in train_loader:
+                sanity_check(x)
+                if distify.reduce(x.abs().max(), op="max") > 100:
+                    sys.exit("input out of range")
+                loss = model(x).sum()
+                if distify.any_process(not math.isfinite(loss.item())):
+                    continue
+                distify.backward(loss)
+                if loss.item() > 10:
+                    continue
         """),
     )
     INVALID = (
@@ -90,12 +115,47 @@ class DataDependentCollective(LintRule):
 
             for step, (x, y) in enumerate(train_loader):
                 loss = model(x).sum()
-                if torch.isnan(loss):
+                try:
+                    check(loss)
+                except ValueError:
                     continue
                 distify.backward(loss)
                 if step % 100 == 0:
                     distify.wait_for_everyone()
-        """, line=10),
+        """, line=12),
+        Invalid("""
+            import math
+            import distify.runtime as distify
+
+            for x, y in train_loader:
+                loss = model(x).sum()
+                if not math.isfinite(loss.item()):
+                    continue
+                distify.backward(loss)
+        """, line=6),
+        Invalid("""
+            import sys
+            import torch
+            import distify.runtime as distify
+
+            def sanity_check(batch):
+                if torch.isnan(batch).any():
+                    print("bad batch")
+                    sys.exit(0)
+
+            for x, y in train_loader:
+                sanity_check(x)
+                distify.backward(model(x).sum())
+        """, line=6),
+        Invalid("""
+            import sys
+            import distify.runtime as distify
+
+            for x, y in train_loader:
+                if x.abs().max() > 100:
+                    sys.exit("input out of range")
+                distify.backward(model(x).sum())
+        """, line=5),
     )
 
     def finish(self) -> None:
@@ -115,11 +175,13 @@ class DataDependentCollective(LintRule):
         for node in ast.walk(self.ctx.tree):
             if isinstance(node, ast.stmt):
                 statements.setdefault(node.lineno, node)
+        reported = set()
         for loop in shapes.nests:
             for stop in find_stops(loop, context.nest):
                 line = positions[stop.node].start.line
                 node = statements.get(line)
-                if node is not None:
+                if node is not None and line not in reported:  # a helper's, once
+                    reported.add(line)
                     self.report(node, context.message(stop))
 
 
@@ -187,7 +249,9 @@ class _Context:
             is_imported=ctx.imports.aliases.__contains__,
             training_functions=frozenset(shapes.trainers),
             agrees=lambda name: functions.agrees(name, self.nest),
-            collective=functions.collective)
+            collective=functions.collective,
+            exiting=lambda name: functions.exiting(name, self.is_exit),
+            ends=lambda call: functions.ends(call, self.is_exit))
 
     def is_loader(self, node: cst.BaseExpression) -> bool:
         while isinstance(node, cst.Call) and node.args and (dotted_name(node.func) or "") \
@@ -207,6 +271,14 @@ class _Context:
                  "processes" if stop.names else "differs between processes")
         fix = (f"decide it on a value every process agrees on (`{self.rt}.reduce(x, "
                f"op=\"mean\")`, `{self.rt}.any_process(...)`)")
+        if stop.action == "reduce" and stop.operand is not None:
+            operand = " ".join(cst.Module([]).code_for_node(stop.operand).split())
+            fix = (f"decide it on a value every process agrees on, as `distify convert` "
+                   f"does: `{self.rt}.reduce({operand}, op=\"{stop.op}\")` in the test")
+        elif stop.action in ("any", "all"):
+            helper = "any_process" if stop.action == "any" else "all_processes"
+            fix = (f"decide it on a value every process agrees on, as `distify convert` does: "
+                   f"`{self.rt}.{helper}({test})`")
         if stop.kind == "site":
             return (f"`{test}` needs every process (a collective) but only some may reach it: "
                     f"{stop.why}; the others never join it and the job hangs")
@@ -217,7 +289,16 @@ class _Context:
                     f"process must join: the processes that skip it leave the others waiting "
                     f"(a hang); {fix}" + (f" where all of them reach it ({stop.why})"
                                            if stop.action == "note" else ""))
-        return (f"`{test}` {reads}, and it ends a training loop: a process that leaves alone "
+        where = f" (in `{stop.function}`, which a training loop calls)" if stop.function \
+            else ""
+        if stop.how == "continue":
+            return (f"`{test}` {reads}, and its `continue` skips the rest of a training step: a "
+                    f"process that skips alone leaves the others waiting in the gradient "
+                    f"all-reduce (a hang); {fix}"
+                    + (f" where all of them reach it ({stop.why})" if stop.action == "note"
+                       else ""))
+        ends = "ends the process" if stop.how == "exit" else "ends a training loop"
+        return (f"`{test}`{where} {reads}, and it {ends}: a process that leaves alone "
                 f"leaves the others waiting in the next gradient all-reduce (a hang); {fix}"
                 + (f" where all of them reach it ({stop.why})" if stop.action == "note"
                    else ""))
