@@ -387,3 +387,20 @@ def test_a_max_decided_on_the_largest_value_stops_two_processes_together(runs) -
     assert "trained all epochs" not in proc.stdout
     one = runs["max_input_exit", "one"][0]
     assert "input out of range, stopping" in one.stdout and "trained all epochs" not in one.stdout
+
+
+def test_a_process_that_may_leave_alone_still_says_why() -> None:
+    source = _SANITY + _step().replace("    loss =", "    sanity_check(x)\n    loss =", 1) + \
+        "with torch.no_grad():\n    for x, y in val_loader:\n        sanity_check(x)\n"
+    result = _convert(source)
+    out = result.output.decode()
+    # reported, not decided: the print before the exit stays on every process
+    assert '        print("bad batch")\n        sys.exit(0)\n' in out, out
+    assert all(out.splitlines()[c.line - 1].strip() != 'print("bad batch")'
+               for c in result.changes)
+    assert convert_source(result.output).output == result.output
+    result = _convert(_step("if loss.item() > 5:\n    if not math.isfinite(loss.item()):\n"
+                            "        print('diverged, stopping')\n        sys.exit(1)\n"))
+    out = result.output.decode()
+    assert "            print('diverged, stopping')\n            sys.exit(1)\n" in out, out
+    assert len(_notes(result)) == 1

@@ -41,6 +41,7 @@ from dataclasses import replace
 
 import libcst as cst
 
+from distify.analysis.names import dotted_name
 from distify.analysis.stops import (
     FileFunctions,
     NestContext,
@@ -178,10 +179,38 @@ class StopMixin(TransformerBase):
                 continue
             if stop.action == "note":
                 self._edit(stop.test, "divergence", self._unsafe_message(stop), human=True)
+                self._keep_reason(stop, replacements)
                 continue
             old, replace = self._decided(stop)
             replacements[id(old)] = replace
         return loop.visit(_Replace(loop, replacements, self._moved)) if replacements else loop
+
+    def _keep_reason(self, stop: Stop,
+                     replacements: dict[int, Callable[[cst.CSTNode], cst.CSTNode]]) -> None:
+        """An exit only some processes may take (reported, not decided): the ``print`` right
+        before its ``sys.exit`` stays a plain ``print``, so the process that leaves alone says
+        why (``distify.print`` would show the main process's output only)."""
+        if stop.how != "exit" or not isinstance(stop.node, cst.If) \
+                or not isinstance(stop.node.body, cst.IndentedBlock):
+            return
+        statements = stop.node.body.body
+        for before, stmt in zip(statements, statements[1:]):
+            if not (isinstance(before, cst.SimpleStatementLine)
+                    and isinstance(stmt, cst.SimpleStatementLine) and len(before.body) == 1
+                    and isinstance(stmt.body[0], cst.Expr)
+                    and isinstance(stmt.body[0].value, cst.Call)
+                    and self._ends(stmt.body[0].value)):
+                continue
+            expr = before.body[0]
+            call = expr.value if isinstance(expr, cst.Expr) else None
+            if not isinstance(call, cst.Call) or dotted_name(call.func) != f"{self.rt}.print" \
+                    or any("\n" in _code(arg) for arg in call.args):
+                return
+            plain = call.with_changes(func=cst.Name("print"),
+                                      whitespace_before_args=cst.SimpleWhitespace(""))
+            replacements[id(call)] = lambda updated, plain=plain: plain
+            self.edits[:] = [edit for edit in self.edits if edit.node is not call]
+            return
 
     def leave_Module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
         """Decide the tests in local functions that training loops call (``sanity_check(x)``,
@@ -193,6 +222,7 @@ class StopMixin(TransformerBase):
             name = stop.function or ""
             if stop.action == "note":
                 self._edit(stop.test, "divergence", self._unsafe_message(stop), human=True)
+                self._keep_reason(stop, replacements)
                 continue
             elsewhere = self._calls_of.get(name, 0) - len(calls)
             if elsewhere > 0:
@@ -200,6 +230,7 @@ class StopMixin(TransformerBase):
                     stop, action="note", why=f"`{name}` is also called where not every "
                     f"process may reach it ({elsewhere} other call(s) in the file)")),
                     human=True)
+                self._keep_reason(stop, replacements)
                 continue
             old, change = self._decided(stop)
             replacements[id(old)] = change
