@@ -404,3 +404,32 @@ def test_a_process_that_may_leave_alone_still_says_why() -> None:
     out = result.output.decode()
     assert "            print('diverged, stopping')\n            sys.exit(1)\n" in out, out
     assert len(_notes(result)) == 1
+
+
+_CHAIN = _SANITY + """\
+def train_step(x, y):
+    sanity_check(x)
+    loss = F.mse_loss(model(x), y)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+
+
+for x, y in loader:
+    train_step(x, y)
+"""
+
+
+def test_an_exit_reached_through_two_functions_is_decided_when_each_is_called_in_step() -> None:
+    result = _convert(_CHAIN)
+    out = result.output.decode()
+    assert "    if distify.any_process(torch.isnan(batch).any()):\n" in out, out
+    assert not _notes(result)
+    # one more call of the function in between, outside the training loop: not every process
+    # may reach it there, so the test is reported instead
+    result = _convert(_CHAIN + "if torch.rand(1).item() > 0.5:\n    train_step(x, y)\n")
+    out = result.output.decode()
+    assert "any_process" not in out, out
+    notes = _notes(result)
+    assert len(notes) == 1 and "`train_step` is also called where not every process" \
+        in notes[0].message

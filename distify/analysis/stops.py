@@ -194,7 +194,8 @@ class Stop:
     #: (the rest of the step is skipped), ``while``, or ``gate``
     how: str = "break"
     #: for a test inside a local function the nest calls (``sanity_check(x)``, whose ``if``
-    #: calls ``sys.exit``): the calls of the nest that reach it; empty for the nest's own tests
+    #: calls ``sys.exit``): the calls that reach it, the nest's and those in the functions
+    #: between (``train_step(x)`` → ``sanity_check(batch)``); empty for the nest's own tests
     calls: tuple[cst.Call, ...] = ()
     #: ... and that function's name
     function: str | None = None
@@ -786,9 +787,8 @@ class _Walk:
         if exit_.operand is not None:
             exit_.extreme = _extreme(exit_.operand, self.ctx.qual)
         old = self.exits.get(id(exit_.node))
-        if self._via:
-            call, _ = self._via[0]
-            exit_.calls, exit_.function = [call], self._via[-1][1]
+        if self._via:  # the chain of calls from the nest: `train_step(x)`, `check(batch)`
+            exit_.calls, exit_.function = [call for call, _ in self._via], self._via[-1][1]
             if old is not None:  # reached from several calls: alike only if from each
                 exit_ = _merged(old, exit_)
         self.exits[id(exit_.node)] = exit_

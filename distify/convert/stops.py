@@ -224,7 +224,12 @@ class StopMixin(TransformerBase):
                 self._edit(stop.test, "divergence", self._unsafe_message(stop), human=True)
                 self._keep_reason(stop, replacements)
                 continue
-            elsewhere = self._calls_of.get(name, 0) - len(calls)
+            placed: dict[str, int] = {}  # each function on the way, by its placed calls
+            for call in calls:
+                callee = local_callee(call.func) or ""
+                placed[callee] = placed.get(callee, 0) + 1
+            elsewhere, name = max((self._calls_of.get(callee, 0) - count, callee)
+                                  for callee, count in placed.items())
             if elsewhere > 0:
                 self._edit(stop.test, "divergence", self._unsafe_message(replace(
                     stop, action="note", why=f"`{name}` is also called where not every "
