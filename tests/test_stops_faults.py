@@ -433,3 +433,17 @@ def test_an_exit_reached_through_two_functions_is_decided_when_each_is_called_in
     notes = _notes(result)
     assert len(notes) == 1 and "`train_step` is also called where not every process" \
         in notes[0].message
+
+
+def test_an_exit_in_a_function_defined_below_the_loop_is_decided_too() -> None:
+    source = ("def main():\n" + textwrap.indent(
+        _step().replace("    loss =", "    sanity_check(x)\n    loss =", 1), "    ")
+        + "\n\n" + _SANITY + "main()\n")
+    result = _convert(source)
+    out = result.output.decode()
+    assert "    if distify.any_process(torch.isnan(batch).any()):\n" in out, out
+    stops = [c for c in result.changes if c.kind == "stop"]
+    assert len(stops) == 1 and out.splitlines()[stops[0].line - 1] == \
+        "    if distify.any_process(torch.isnan(batch).any()):"
+    assert not _notes(result)
+    assert not _dst203(out)

@@ -36,7 +36,7 @@ work is left alone. What it does not do: rewrite exits of loops that do not trai
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 import libcst as cst
@@ -62,6 +62,15 @@ class StopMixin(TransformerBase):
         self._nests_with_exits: set[int] = set()
         self._functions: dict[str, cst.FunctionDef | None] = {}  # local defs, as rewritten
         self._file_functions = FileFunctions(self.rt, self._functions)
+        #: every def of the file as written (None for a name defined twice): a function that
+        #: may end the process is followed even when it is defined below the loop that calls
+        #: it (``main()`` above ``sanity_check``); its tests move to the rewritten def when
+        #: it is left
+        self._originals: dict[str, cst.FunctionDef | None] = {}
+        for definition in _definitions(node):
+            name = definition.name.value
+            self._originals[name] = None if name in self._originals else definition
+        self._exits = FileFunctions(self.rt, _Either(self._functions, self._originals))
         #: nests with a collective in a branch (an ``if``, a handler, a ``match`` case) inside
         #: them: their ``if`` tests are analysed even without exits
         self._gated_nests: set[int] = set()
@@ -73,6 +82,7 @@ class StopMixin(TransformerBase):
         #: sys.exit(0)``), decided in :meth:`leave_Module` once every call is known:
         #: the test's node → (its decision, the calls of training loops that reach it)
         self._function_stops: dict[int, tuple[Stop, list[cst.Call]]] = {}
+        self._written: set[int] = set()  # ... found in a def not left yet, as written
         #: how many times the file calls each name (``f(...)``, ``self.f(...)``)
         self._calls_of: dict[str, int] = {}
         for call in calls_in(node):
@@ -84,7 +94,33 @@ class StopMixin(TransformerBase):
         name = updated.name.value
         # two functions of one name (methods of two classes): neither is known to agree
         self._functions[name] = None if name in self._functions else updated
-        return super().leave_FunctionDef(original, updated)
+        result = super().leave_FunctionDef(original, updated)
+        if isinstance(result, cst.FunctionDef) and self._originals.get(name) is original:
+            self._move_tests(name, result)
+        return result
+
+    def _move_tests(self, name: str, rewritten: cst.FunctionDef) -> None:
+        """The tests found in ``name`` as written (it is defined below a loop that calls it),
+        moved to the same tests in its rewritten def (found by their code); one not found
+        there once is reported instead."""
+        for key, (stop, calls) in list(self._function_stops.items()):
+            if stop.function != name or key not in self._written:
+                continue
+            self._written.discard(key)
+            code = _code(stop.test)
+            tests = [n for n in _nodes(rewritten, cst.If) if _code(n.test) == code]
+            operand = None
+            if len(tests) == 1 and stop.operand is not None:
+                wanted = _code(stop.operand)
+                operand = next((n for n in _nodes(tests[0].test, type(stop.operand))
+                                if _code(n) == wanted), None)
+            del self._function_stops[key]
+            if len(tests) != 1 or (stop.operand is not None and operand is None):
+                stop = replace(stop, action="note", why=f"`{name}` was rewritten around it")
+                self._function_stops[key] = (stop, calls)
+                continue
+            moved = replace(stop, node=tests[0], test=tests[0].test, operand=operand)
+            self._function_stops[id(tests[0])] = (moved, calls)
 
     def _agrees(self, name: str) -> bool:
         """Does the local function ``name`` (defined above, as rewritten) return a value equal
@@ -132,7 +168,7 @@ class StopMixin(TransformerBase):
         """A nest that calls a local function that may end the process is analysed."""
         for call in calls_in(loop.body):
             name = local_callee(call.func)
-            if name is not None and self._file_functions.exiting(name, self._is_exit):
+            if name is not None and self._exits.exiting(name, self._is_exit):
                 self._nests_with_exits.add(id(self._loops[0]))
                 return
 
@@ -168,6 +204,8 @@ class StopMixin(TransformerBase):
         replacements: dict[int, Callable[[cst.CSTNode], cst.CSTNode]] = {}
         for stop in find_stops(loop, self._nest_context()):
             if stop.calls:  # in a function the nest calls: decided with all its calls known
+                if stop.function not in self._functions:  # found in its def as written
+                    self._written.add(id(stop.node))
                 known = self._function_stops.get(id(stop.node))
                 if known is not None:
                     calls = known[1] + [c for c in stop.calls if all(c is not k
@@ -218,6 +256,7 @@ class StopMixin(TransformerBase):
         every call of the function in the file is one the analysis placed (so every process
         reaches the collective in its test together), else reported at the test."""
         replacements: dict[int, Callable[[cst.CSTNode], cst.CSTNode]] = {}
+        decided: dict[int, tuple[Stop, list]] = {}
         for stop, calls in self._function_stops.values():
             name = stop.function or ""
             if stop.action == "note":
@@ -237,10 +276,23 @@ class StopMixin(TransformerBase):
                     human=True)
                 self._keep_reason(stop, replacements)
                 continue
+            if id(stop.node) in self._written:  # its def was never left: not in the output
+                self._edit(stop.test, "divergence", self._unsafe_message(replace(
+                    stop, action="note", why=f"`{name}` could not be followed")), human=True)
+                continue
+            edits = len(self.edits)
             old, change = self._decided(stop)
             replacements[id(old)] = change
+            decided[id(old)] = (stop, self.edits[edits:])
         if replacements:
-            updated = updated.visit(_Replace(updated, replacements, self._moved))
+            applied: set[int] = set()
+            updated = updated.visit(_Replace(updated, replacements, self._moved, applied))
+            for key, (stop, edits) in decided.items():
+                if key not in applied:  # the test is not in the output as found: say so
+                    self.edits[:] = [e for e in self.edits if all(e is not x for x in edits)]
+                    self._edit(stop.test, "divergence", self._unsafe_message(replace(
+                        stop, action="note", why=f"`{stop.function}` was rewritten around "
+                        "it")), human=True)
         return super().leave_Module(original, updated)
 
     def _moved(self, old: cst.CSTNode, new: cst.CSTNode) -> None:
@@ -255,13 +307,12 @@ class StopMixin(TransformerBase):
                            training_functions=self._training_functions, agrees=self._agrees,
                            main_only=self._main_only_depth > 0, depth=self._depth,
                            collective=self._collective,
-                           exiting=lambda name: self._file_functions.exiting(name,
-                                                                             self._is_exit),
+                           exiting=lambda name: self._exits.exiting(name, self._is_exit),
                            ends=self._ends)
 
     def _ends(self, call: cst.Call) -> bool:
         """Does ``call`` end the process (``sys.exit(1)``, a local ``die(msg)`` that does)?"""
-        return self._file_functions.ends(call, self._is_exit)
+        return self._exits.ends(call, self._is_exit)
 
     def _decided(self, stop: Stop) -> tuple[cst.CSTNode, Callable[[cst.CSTNode], cst.CSTNode]]:
         """The node to replace and how, with the report's line."""
@@ -400,10 +451,12 @@ class _Replace(cst.CSTTransformer):
 
     def __init__(self, root: cst.CSTNode,
                  replacements: dict[int, Callable[[cst.CSTNode], cst.CSTNode]],
-                 moved: Callable[[cst.CSTNode, cst.CSTNode], None]) -> None:
+                 moved: Callable[[cst.CSTNode, cst.CSTNode], None],
+                 applied: set[int] | None = None) -> None:
         super().__init__()
         self.replacements = replacements
         self.moved = moved
+        self.applied = applied if applied is not None else set()
         self.on_path: set[int] = set()
         stack: list[cst.CSTNode] = []
         on_path = self.on_path
@@ -425,6 +478,8 @@ class _Replace(cst.CSTTransformer):
 
     def on_leave(self, original: cst.CSTNode, updated: cst.CSTNode):
         replace = self.replacements.get(id(original))
+        if replace is not None:
+            self.applied.add(id(original))
         result = updated if replace is None else replace(updated)
         if result is not original:
             self.moved(original, result)
@@ -453,3 +508,42 @@ def _holds_on_any(stop: Stop) -> bool:
     if core.left is not stop.operand:
         above = not above
     return not negated and above == (stop.op == "max")
+
+
+class _Either(Mapping):
+    """The defs as rewritten (``first``), else as written (``then``)."""
+
+    def __init__(self, first: dict, then: dict) -> None:
+        self.first, self.then = first, then
+
+    def __getitem__(self, name: str):
+        return self.first[name] if name in self.first else self.then[name]
+
+    def __iter__(self):
+        return iter(self.then)
+
+    def __len__(self) -> int:
+        return len(self.then)
+
+
+class _Nodes(cst.CSTVisitor):
+    def __init__(self, kind: type) -> None:
+        super().__init__()
+        self.kind = kind
+        self.found: list = []
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, self.kind):
+            self.found.append(node)
+        return True
+
+
+def _nodes(root: cst.CSTNode, kind: type) -> list:
+    """The nodes of type ``kind`` in ``root`` (itself included), in source order."""
+    finder = _Nodes(kind)
+    root.visit(finder)
+    return finder.found
+
+
+def _definitions(module: cst.Module) -> list[cst.FunctionDef]:
+    return _nodes(module, cst.FunctionDef)
