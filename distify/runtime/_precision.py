@@ -14,13 +14,15 @@ from typing import Any
 
 import torch
 
-from . import _guard, _state, _strategy
+from . import _guard, _progress, _state, _strategy
 from ._errors import DistifyError
 from ._subclass import PicklesAsOriginal, swap_class
 from ._tree import map_tensors, tensors_in
 
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 _HALF = (torch.float16, torch.bfloat16)
+#: how the runtime's messages name the wait in a backward (``_progress``)
+_GRADIENT_WAIT = "the gradient all-reduce of backward #{n}"
 _PLAIN_BACKWARD = ("loss.backward() was called on the output of a prepared model under fp16 mixed "
                    "precision: call distify.backward(loss) instead, so the loss is scaled")
 
@@ -83,8 +85,15 @@ def backward(loss: torch.Tensor, **kwargs: Any) -> None:
             their weights differ.
     """
     settings = _state.settings()
-    if settings.world_size > 1:
-        _guard.before_backward(loss)
+    if settings.world_size == 1:
+        _backward(loss, settings, kwargs)
+        return
+    _guard.before_backward(loss)
+    with _progress.waiting("backward", _GRADIENT_WAIT):
+        _backward(loss, settings, kwargs)
+
+
+def _backward(loss: torch.Tensor, settings: _state.Settings, kwargs: dict) -> None:
     if settings.mixed_precision != "fp16":
         loss.backward(**kwargs)
         return

@@ -27,6 +27,7 @@ from ._errors import DistifyError
 MIXED_PRECISION_VALUES = ("no", "fp16", "bf16")
 _DEFAULT_TIMEOUT_S = 1800.0
 _DEFAULT_DEBUG_EVERY = 10
+_DEFAULT_WATCHDOG_S = 300.0
 _EXIT_WAIT_S = 120.0
 _TRUE = ("1", "true", "yes", "on")
 _LAUNCH_HINT = ("launch with `distify launch` or torchrun, which set it, "
@@ -58,6 +59,9 @@ class Settings:
     strategy: str = "ddp"
     #: the strategy's own settings (``_fsdp.FsdpOptions`` for FSDP), read with the rest
     strategy_options: Any = None
+    #: ``DISTIFY_WATCHDOG``: after this many seconds in one wait, say where every rank is
+    #: (``_progress``); 0: never
+    watchdog: float = _DEFAULT_WATCHDOG_S
 
 
 class Runtime:
@@ -158,7 +162,7 @@ def init(mixed_precision: str | None = None,
         timeout_delta, debug=debug,
         debug_every=_debug_every_setting() if debug else _DEFAULT_DEBUG_EVERY,
         allow_unsynced=_flag("DISTIFY_ALLOW_UNSYNCED"), strategy=strategy_name,
-        strategy_options=strategy_options)
+        strategy_options=strategy_options, watchdog=_watchdog_setting())
 
 
 def settings() -> Settings:
@@ -261,6 +265,22 @@ def _timeout_setting(argument: float | datetime.timedelta | None) -> datetime.ti
     if seconds <= 0:
         raise DistifyError(f"DISTIFY_TIMEOUT={raw!r} must be positive: set it to e.g. 1800")
     return datetime.timedelta(seconds=seconds)
+
+
+def _watchdog_setting() -> float:
+    raw = os.environ.get("DISTIFY_WATCHDOG", "").strip()
+    if not raw:
+        return _DEFAULT_WATCHDOG_S
+    if raw.lower() in ("off", "no", "false"):
+        return 0.0
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if seconds < 0:
+        raise DistifyError(f"DISTIFY_WATCHDOG={raw!r} must be a number of seconds (0 turns the "
+                           f"watchdog off): set it to e.g. {_DEFAULT_WATCHDOG_S:g} or unset it")
+    return seconds
 
 
 def _debug_every_setting() -> int:
@@ -456,16 +476,25 @@ def _leave_process_group() -> None:
     stop the job at once. Gloo may then abort this process as Python shuts down, so what was
     printed is flushed first.
 
-    In debug mode the ranks first exchange an "exit" fingerprint: a peer still waiting at a
-    collective then fails naming the line it waits at (and this rank prints the same error),
-    instead of both hanging until the timeout; this rank then leaves as after an exception.
+    In debug mode the ranks first exchange an "exit" fingerprint, with the weights' checksums:
+    a peer still waiting at a collective then fails naming the line it waits at (and this rank
+    prints the same error), instead of both hanging until the timeout; this rank then leaves as
+    after an exception. Weights that differ between the ranks at the end (changed on some ranks
+    only after the last comparison in a backward) are printed as an error naming the first
+    differing parameter, and every rank exits with status 1.
     """
     if not dist.is_initialized():
         return
-    if hasattr(sys, "last_value") or not _exit_matches_peers():
+    from . import _progress  # loaded with the runtime; imported here to avoid an import cycle
+
+    _progress.mark_left(failed=hasattr(sys, "last_value"))
+    problem = None if hasattr(sys, "last_value") else _exit_check()
+    if hasattr(sys, "last_value") or problem is not None:
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()
+        if problem == "diverged":  # an exit handler cannot raise: fail the process itself
+            os._exit(1)
         return
     # A peer that is gone or still busy makes this fail: then exit without the handshake.
     with contextlib.suppress(Exception):
@@ -478,10 +507,10 @@ def _leave_process_group() -> None:
         gc.collect()
 
 
-def _exit_matches_peers() -> bool:
-    """False when debug mode found a peer at another collective than the exit."""
+def _exit_check() -> str | None:
+    """In debug mode, what the last check at exit found (``_debug.exit_check``), else None."""
     if _RUNTIME.settings is None or not _RUNTIME.settings.debug:
-        return True
+        return None
     from . import _debug  # loaded with the runtime; imported here to avoid an import cycle
 
-    return _debug.exit_matches()
+    return _debug.exit_check()

@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from . import _state
+from . import _progress, _state
 from ._errors import DistifyError
 
 _TRUE = ("1", "true", "yes", "on")
@@ -120,24 +120,28 @@ class Strategy:
 
     def all_reduce(self, tensor: torch.Tensor, op: dist.ReduceOp.RedOpType) -> None:
         """Combine ``tensor`` in place over the processes (``dist.ReduceOp.SUM``, ...)."""
-        dist.all_reduce(tensor, op=op)
+        with _progress.waiting("all_reduce"):
+            dist.all_reduce(tensor, op=op)
 
     def all_gather(self, parts: list[torch.Tensor], tensor: torch.Tensor) -> None:
         """Fill ``parts`` (one tensor like ``tensor`` per process, in rank order) with every
         process's ``tensor``."""
-        dist.all_gather(parts, tensor)
+        with _progress.waiting("all_gather"):
+            dist.all_gather(parts, tensor)
 
     def broadcast(self, tensor: torch.Tensor, src: int) -> None:
         """Overwrite ``tensor`` with process ``src``'s, in place."""
-        dist.broadcast(tensor, src=src)
+        with _progress.waiting("broadcast"):
+            dist.broadcast(tensor, src=src)
 
     def barrier(self) -> None:
         """Wait until every process arrives."""
         device = self.settings.device
-        if device.type == "cuda":
-            dist.barrier(device_ids=[device.index])
-        else:
-            dist.barrier()
+        with _progress.waiting("barrier"):
+            if device.type == "cuda":
+                dist.barrier(device_ids=[device.index])
+            else:
+                dist.barrier()
 
 
 _REGISTRY: dict[str, type[Strategy]] = {}
