@@ -115,16 +115,28 @@ def check_same_draw(number: int, main_site: str) -> None:
             "call distify.shared_generator() at the same places, in the same order")
 
 
-def exit_matches() -> bool:
-    """At a normal exit: False (after printing why) when a peer waits at a collective."""
+def exit_check() -> str | None:
+    """At a normal exit: meet the other ranks once more and compare the weights a last time.
+
+    Returns None when all is well; ``"mismatch"`` (after printing why) when a peer waits at a
+    collective; ``"diverged"`` (after printing which parameter) when a prepared model's
+    weights differ between the ranks: the backward calls since the last comparison changed
+    them on some ranks only, which nothing else would report.
+    """
+    from . import _model  # imported here: _model imports this module
+
+    modules = _model.synced_modules()
+    sums = [_checksums(m) for m in modules] if modules else None
     try:
-        _exchange("exit", site=_EXIT_SITE)
+        differ = _exchange("exit", site=_EXIT_SITE, sums=sums)
+        if differ is not None:
+            _compare_weights(differ, modules, _EXIT_SITE, when="at the end of the script")
     except DistifyError as err:  # the peer raises it too, naming the line it waits at
         print(f"DistifyError: {err}", file=sys.stderr, flush=True)
-        return False
+        return "diverged" if "replicas diverged" in str(err) else "mismatch"
     except Exception:  # a peer that is gone: leave the usual way
-        return True
-    return True
+        return None
+    return None
 
 
 def describe(value: Any, any_length: bool = False) -> str:
@@ -224,7 +236,8 @@ def _bits(param: torch.Tensor) -> torch.Tensor:
     return tensor.view(_BITS[tensor.element_size()])
 
 
-def _compare_weights(per_rank: list[Any], modules: list[Any], site: str) -> None:
+def _compare_weights(per_rank: list[Any], modules: list[Any], site: str,
+                     when: str | None = None) -> None:
     reference = per_rank[0]
     if any(sums is None for sums in per_rank) or any(
             len(sums) != len(reference) or [len(m) for m in sums] != [len(m) for m in reference]
@@ -238,15 +251,19 @@ def _compare_weights(per_rank: list[Any], modules: list[Any], site: str) -> None
             differ = [rank for rank, sums in enumerate(per_rank)
                       if sums[index][position] != reference[index][position]]
             if differ:
-                raise DistifyError(_diverged(module.class_name, name, differ, site))
+                raise DistifyError(_diverged(module.class_name, name, differ, site, when))
 
 
-def _diverged(class_name: str, name: str, ranks: list[int], site: str) -> str:
+def _diverged(class_name: str, name: str, ranks: list[int], site: str,
+              when: str | None = None) -> str:
     shown = ", ".join(map(str, ranks))
     counts = _counts()
     since = (f"equal at backward call {counts.last_equal}, " if counts.last_equal else "")
+    when = when or f"before backward call {counts.backwards} at {site}"
+    if when.startswith("at the end"):
+        when += f", after {counts.backwards} backward call{'s' if counts.backwards != 1 else ''}"
     return (f"distify debug: replicas diverged: {class_name}.{name} differs from rank 0's on "
-            f"rank{'s' if len(ranks) > 1 else ''} {shown} ({since}compared before backward "
-            f"call {counts.backwards} at {site}): something changed the weights on some ranks only "
+            f"rank{'s' if len(ranks) > 1 else ''} {shown} ({since}compared {when}): "
+            "something changed the weights on some ranks only "
             "(an in-place edit, a rank-dependent learning rate or step, a parameter outside "
             "DDP); set DISTIFY_DEBUG_EVERY=1 to find the first step where they differ")
