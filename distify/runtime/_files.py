@@ -7,9 +7,10 @@ Converted scripts call it on every process, where the original called ``open``:
   the previous file whole; the other processes get a file object that writes into nothing
   (so ``json.dump(obj, f)``, ``pickle.dump``, ``csv.writer(f)`` run unchanged everywhere);
 - **appending** or updating in place (``"a"``, ``"r+"``): the main process only, in place;
-- **reading** a path this run wrote (with :func:`open` or :func:`distify.save`): the other
-  processes first wait until the main process has finished that write, so they never read a
-  half-written or previous file. Any other path is opened as the builtin would.
+- **reading** a file this run wrote (with :func:`open` or :func:`distify.save`, on every
+  process or on the main process only): the other processes first wait until the main
+  process has finished that write, so they never read a half-written or previous file (see
+  ``_io.before_read``). Any other path is opened as the builtin would.
 
 World size 1: the bytes written are the builtin's; only the rename makes the write atomic.
 """
@@ -40,9 +41,7 @@ def open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> IO[Any]:
         return builtins.open(file, mode, *args, **kwargs)
     main = _state.is_main_process()
     if not any(flag in mode for flag in "wxa+"):
-        known = _io.saves()
-        if not main and known.made.get(key, 0) > known.seen.get(key, 0):
-            _io._wait_for_main_process_save(key, os.fspath(file))
+        _io.before_read(key, os.fspath(file))
         return builtins.open(file, mode, *args, **kwargs)
     if "a" in mode or "+" in mode:
         return builtins.open(file, mode, *args, **kwargs) if main else _sink(file, mode, kwargs)
