@@ -19,7 +19,9 @@ same in every run of the script):
 The folder appears whole or not at all: every process writes into a scratch folder beside it,
 and the main process renames that over the old one once all have finished (a crash in between
 leaves the previous state; :func:`load_state` also finds it when the crash fell between the two
-renames). All processes must see the folder (one machine, or a shared file system).
+renames, and takes the newest complete state by the generation recorded in it). The next
+successful save removes what crashed saves left beside the folder (``<dir>.tmp-*``,
+``<dir>.old-*``). All processes must see the folder (one machine, or a shared file system).
 
 On :func:`load_state`, a DataLoader that was in the middle of an epoch continues it: its next
 ``iter()`` draws the epoch's order from the random state the epoch started with, reads past the
@@ -77,6 +79,7 @@ def save_state(directory: str | os.PathLike, **values: Any) -> None:
     _collectives.wait_for_everyone()  # every process has written its part
     if main:
         _publish(scratch, target, token)
+        _remove_debris(target)
     _collectives.wait_for_everyone()  # the folder is in place before anyone reads it
 
 
@@ -106,6 +109,7 @@ def load_state(directory: str | os.PathLike) -> dict[str, Any] | None:
     if saved.get("format") != _FORMAT:
         raise DistifyError(f"{found}: not a state written by distify.save_state (format "
                            f"{saved.get('format')!r})")
+    _state.current().part(_Generation).number = saved.get("generation", 0)
     prepared = _prepare.prepared()
     _check_counts(found, saved["counts"], prepared)
     sharded = saved.get("sharded", False)
@@ -161,8 +165,11 @@ def _write(scratch: str, settings: _state.Settings, values: dict[str, Any]) -> N
         if scaler is not None:
             torch.save(scaler.state_dict(), os.path.join(scratch, "scaler.pt"))
         positions = [loader.position() for loader in loaders]
+        generation = _state.current().part(_Generation)
+        generation.number += 1
         torch.save({
-            "format": _FORMAT, "world_size": settings.world_size,
+            "format": _FORMAT, "generation": generation.number,
+            "world_size": settings.world_size,
             "strategy": settings.strategy, "sharded": sharded,
             "counts": {kind: len(prepared.live(kind)) for kind in prepared.KINDS},
             "loaders": [(p.epochs, p.done, p.finished) for p in positions],
@@ -182,19 +189,48 @@ def _publish(scratch: str, target: str, token: str) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+class _Generation:
+    """The runtime's part (see ``_state.Runtime``): the number of the last state saved or
+    loaded; each save writes the next, so the newest state is known whatever its folder."""
+
+    def __init__(self) -> None:
+        self.number = 0
+
+
 def _existing(target: str) -> str | None:
-    """``target``, or the previous state a crash between the two renames left aside."""
-    if os.path.isfile(os.path.join(target, _STATE_FILE)):
-        return target
+    """The newest complete state: ``target``, or one a crash left aside (``<target>.old-*``,
+    between the two renames of a save), by the generation recorded inside (a state saved
+    from a resumed one counts on from it), then by when it was written. A scratch folder
+    (``.tmp-*``) is never resumed from: a crash may have cut it short."""
+    candidates = [target] + _siblings(target, ".old-")
+    complete = [path for path in candidates if os.path.isfile(os.path.join(path, _STATE_FILE))]
+    return max(complete, key=_age, default=None)
+
+
+def _age(path: str) -> tuple[int, float]:
+    state_file = os.path.join(path, _STATE_FILE)
+    try:
+        generation = torch.load(state_file, weights_only=False).get("generation", 0)
+    except Exception:  # unreadable: the oldest
+        return (-1, 0.0)
+    return (generation if isinstance(generation, int) else 0, os.path.getmtime(state_file))
+
+
+def _siblings(target: str, infix: str) -> list[str]:
+    """``<target><infix>*`` folders beside ``target``."""
     folder, name = os.path.split(target)
     try:
         entries = os.listdir(folder or ".")
     except OSError:
-        return None
-    aside = sorted(os.path.join(folder, entry) for entry in entries
-                   if entry.startswith(f"{name}.old-"))
-    complete = [path for path in aside if os.path.isfile(os.path.join(path, _STATE_FILE))]
-    return complete[-1] if complete else None
+        return []
+    return sorted(os.path.join(folder, entry) for entry in entries
+                  if entry.startswith(f"{name}{infix}"))
+
+
+def _remove_debris(target: str) -> None:
+    """After a save: what crashed saves left (scratch folders, states set aside) goes."""
+    for path in _siblings(target, ".tmp-") + _siblings(target, ".old-"):
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _check_counts(found: str, counts: dict[str, int], prepared: _prepare.Prepared) -> None:
