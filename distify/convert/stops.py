@@ -18,8 +18,10 @@ same number of times, the test is decided on all of them at once:
 - a test in a local function the training loop calls (``sanity_check(batch)``, whose ``if``
   calls ``sys.exit``) → decided the same way in that function, once the whole file is seen
   (:meth:`StopMixin.leave_Module`), where every call of the function in the file is one the
-  analysis placed in a training loop; else reported at the test. Only functions defined above
-  the loop are followed here (``distify check`` follows every one).
+  analysis placed in a training loop; else reported at the test (and a ``print`` right before
+  the ``sys.exit`` then stays a plain ``print``, so a process that leaves alone says why). A
+  function defined below the loop is followed in its def as written, and its test is moved to
+  the rewritten def when that is left.
 
 In a single process ``reduce`` returns its input and the helpers are ``bool(test)``: the script
 computes what the original computes. A test whose values already agree on every process (a step
