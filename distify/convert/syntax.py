@@ -19,18 +19,42 @@ def _callee(node: cst.BaseExpression) -> cst.BaseExpression:
 
 
 class _ShiftLines(cst.CSTTransformer):
-    def __init__(self, delta: int, aligned_from: int, indent: int) -> None:
+    def __init__(self, delta: int, aligned_from: int | None, indent: int) -> None:
         super().__init__()
         self.delta = delta
         self.aligned_from = aligned_from
         self.indent = indent
 
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        # A bracket inside the call whose contents start on the next line (`save({` then the
+        # dict's items one indent deeper) is laid out from its line's indentation, which the
+        # rename does not move: its lines, and its closing bracket, stay where they are. Its
+        # contents move only when they line up with the call's parenthesis or beyond
+        # (`print('...'.format(` then the arguments under the string).
+        opening = _hanging_opening(node)
+        if opening is not None and (self.aligned_from is None or self._column(opening)
+                                    < self.aligned_from):
+            return False
+        return super().on_visit(node)
+
+    def _column(self, whitespace: cst.ParenthesizedWhitespace) -> int:
+        return len(whitespace.last_line.value) + (self.indent if whitespace.indent else 0)
+
     def leave_ParenthesizedWhitespace(self, original, updated):
         width = len(updated.last_line.value) + self.delta
-        column = len(updated.last_line.value) + (self.indent if updated.indent else 0)
-        if width < 0 or column < self.aligned_from:
+        if width < 0 or self._column(updated) < (self.aligned_from or 0):
             return updated
         return updated.with_changes(last_line=cst.SimpleWhitespace(" " * width))
+
+
+def _hanging_opening(node: cst.CSTNode) -> cst.ParenthesizedWhitespace | None:
+    """The line break right after the bracket ``node`` opens (hanging indent), if any."""
+    openings = [getattr(node, "whitespace_before_args", None)]
+    for name in ("lbrace", "lbracket"):
+        bracket = getattr(node, name, None)
+        openings.append(getattr(bracket, "whitespace_after", None))
+    openings.extend(getattr(par, "whitespace_after", None) for par in getattr(node, "lpar", ()))
+    return next((ws for ws in openings if isinstance(ws, cst.ParenthesizedWhitespace)), None)
 
 
 def _shift_continuations(call: cst.Call, delta: int, opening: int | None = None,
@@ -45,7 +69,7 @@ def _shift_continuations(call: cst.Call, delta: int, opening: int | None = None,
     deeper): they stay."""
     if delta == 0 or isinstance(call.whitespace_before_args, cst.ParenthesizedWhitespace):
         return call
-    shift = _ShiftLines(delta, opening or 0, indent)
+    shift = _ShiftLines(delta, opening, indent)
     return call.with_changes(args=[arg.visit(shift) for arg in call.args])
 
 
