@@ -11,6 +11,7 @@ process; ``logging.basicConfig(level=...)`` → warnings only elsewhere; dataset
 from __future__ import annotations
 
 import ast
+import posixpath
 from collections.abc import Sequence
 
 import libcst as cst
@@ -55,6 +56,69 @@ def _normalised(node: cst.BaseExpression) -> str | None:
         return ast.unparse(ast.parse(_code(node).strip(), mode="eval").body)
     except SyntaxError:
         return None
+
+
+#: functions that join path pieces (``os.path.join``) and build paths (``Path("runs", "x")``)
+_JOINS = frozenset({"os.path.join", "osp.join", "path.join", "posixpath.join", "Path",
+                    "pathlib.Path", "PurePath", "pathlib.PurePath", "PosixPath",
+                    "pathlib.PosixPath", "PurePosixPath", "pathlib.PurePosixPath"})
+#: calls that give their one argument's path back as it is
+_AS_IS = frozenset({"str", "os.fspath", "os.path.normpath", "Path.joinpath"})
+
+
+def path_key(source: str | None) -> str | None:
+    """The path that the expression ``source`` (``ast.unparse``'s spelling) names, normalised
+    as ``os.path.normpath`` would: ``os.path.join("runs", "h.json")``, ``"./runs/h.json"``,
+    ``f"runs/{'h'}.json"`` and ``Path("runs") / "h.json"`` all give ``runs/h.json``. A piece
+    that is not a constant (``args.out``) stays in as its own spelling, so ``os.path.join(
+    args.out, "h.json")`` and ``f"{args.out}/h.json"`` agree too. None: not a path."""
+    if source is None:
+        return None
+    try:
+        node = ast.parse(source, mode="eval").body
+    except SyntaxError:
+        return None
+    text = _spelled(node)
+    if text is None:
+        return None
+    return posixpath.normpath(text) if text else None
+
+
+def _opaque(node: ast.expr) -> str:
+    """A piece of a path that is not a constant, as one path component of its own."""
+    return "\0" + ast.unparse(node).replace("/", "\1") + "\0"
+
+
+def _spelled(node: ast.expr) -> str | None:
+    if isinstance(node, ast.Constant):
+        return node.value if isinstance(node.value, str) else None
+    if isinstance(node, ast.JoinedStr):
+        pieces = []
+        for value in node.values:
+            if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                pieces.append(value.value)
+            elif isinstance(value, ast.FormattedValue) and value.conversion == -1 \
+                    and value.format_spec is None:
+                pieces.append(_spelled(value.value) or _opaque(value.value))
+            else:
+                pieces.append(_opaque(value))
+        return "".join(pieces)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Div)):
+        left = _spelled(node.left) or _opaque(node.left)
+        right = _spelled(node.right) or _opaque(node.right)
+        return left + right if isinstance(node.op, ast.Add) else posixpath.join(left, right)
+    if isinstance(node, ast.Call) and not node.keywords and node.args \
+            and not any(isinstance(arg, ast.Starred) for arg in node.args):
+        callee = ast.unparse(node.func)
+        pieces = [_spelled(arg) or _opaque(arg) for arg in node.args]
+        if callee in _JOINS:
+            return posixpath.join(*pieces)
+        if callee in _AS_IS and len(pieces) == 1:
+            return pieces[0]
+        if isinstance(node.func, ast.Attribute) and node.func.attr == "joinpath":
+            return posixpath.join(_spelled(node.func.value) or _opaque(node.func.value),
+                                  *pieces)
+    return _opaque(node)
 
 
 class SideEffectMixin(TransformerBase):
@@ -111,8 +175,9 @@ class SideEffectMixin(TransformerBase):
                 if caveat is None:
                     return self._retarget(updated, name, kind,
                                           f"{qual} → {self.rt}.{name}: {what}"
-                                          + self._resume_hint(original, name))
-                new = self._retarget(updated, name, kind, f"{qual} → {self.rt}.{name}")
+                                          + self._resume_hint(original, name), original)
+                new = self._retarget(updated, name, kind, f"{qual} → {self.rt}.{name}",
+                                     original)
                 self._edit(new, "checkpoint", caveat, human=True)
                 return new
         return None
@@ -201,12 +266,44 @@ class SideEffectMixin(TransformerBase):
                     if "a" in text or "+" in text else
                     "written by the main process only, atomically (the others write into "
                     "nothing); a later read of it waits until it is complete")
-        elif self.facts.written_paths and \
-                _normalised(original.args[0].value) in self.facts.written_paths:
+        elif self._reads_a_written_path(original.args[0].value):
             what = "read once the main process has finished writing it"
         else:
+            self._report_unmatched_read(original, updated)
             return None
         return self._retarget(updated, "open", "write", f"open → {self.rt}.open: {what}")
+
+    def _reads_a_written_path(self, path: cst.BaseExpression) -> bool:
+        """Does the script write the path that ``path`` names, however it spells it?"""
+        written = self.facts.written_paths
+        if not written:
+            return False
+        spelling = _normalised(path)
+        if spelling in written:
+            return True
+        key = path_key(spelling)
+        return key is not None and any(path_key(other) == key for other in written)
+
+    def _report_unmatched_read(self, original: cst.Call, updated: cst.Call) -> None:
+        """A read of a file whose name the script also writes under a path that distify cannot
+        tell is the same (``"runs/h.json"`` read, ``os.path.join(out, "h.json")`` written):
+        other processes may read it before the main process has written it."""
+        key = path_key(_normalised(original.args[0].value))
+        name = _file_name(key)
+        if name is None:
+            return
+        for other in sorted(self.facts.written_paths):
+            written = path_key(other)
+            # two constant paths that differ are two files; a piece decided at run time
+            # (`args.out`) may make them one
+            if _file_name(written) == name and "\0" in key + written:
+                self._edit(updated, "read-unmatched", f"this reads `{name}`, which the script "
+                           f"writes as `{other}`, but distify cannot tell that the two paths "
+                           "are the same file: if they are, spell the path the same way in "
+                           f"both (or read it with {self.rt}.open(...)), so that the read waits "
+                           "for the main process's write; as written, other processes may read "
+                           "it before it is written", human=True)
+                return
 
     def _is_side_effect_stmt(self, small: cst.BaseSmallStatement) -> bool:
         return isinstance(small, cst.Expr) and self._side_effect(small.value) is not None
@@ -423,3 +520,11 @@ def _runtime_io_calls(body: cst.BaseSuite, rt: str, handle: str) -> list[cst.Cal
 
     body.visit(_Finder())
     return found
+
+
+def _file_name(key: str | None) -> str | None:
+    """The last component of a normalised path when it is a constant (``h.json``)."""
+    if key is None:
+        return None
+    name = posixpath.basename(key)
+    return name if name and "\0" not in name and name not in (".", "..") else None
