@@ -40,6 +40,38 @@ class LoopMixin(TransformerBase):
             return updated
         return self._rewrite_backward(updated, func)
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        #: what each name was last assigned, per enclosing function (attributes: file-wide)
+        self._built_from: dict[tuple[tuple[str, ...], str], cst.BaseExpression] = {}
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        super().visit_Assign(node)
+        value = _strip_parens(node.value)
+        for target in node.targets:
+            names = (_names_in(target.target) if isinstance(target.target, cst.Tuple)
+                     else {dotted_name(target.target)} - {None})
+            for name in names:  # the last assignment seen before the loop wins
+                self._built_from[(tuple(self._path) if "." not in name else (), name)] = value
+
+    def _built_by(self, source: str) -> str | None:
+        """``built by `make_loader(...)`` for a loader this file assigns from an expression
+        distify cannot see into (a call of a function or class of its own or imported), or
+        None when the file does not assign it (a parameter, a global from elsewhere)."""
+        if source in self._scope.params:
+            return None
+        builders = self._built_from
+        path = tuple(self._path) if "." not in source else ()
+        value = builders.get((path, source))
+        if value is None and "." not in source:
+            value = builders.get(((), source))  # a module-level loader used in a function
+        if value is None:
+            return None
+        if isinstance(value, cst.Call):
+            callee = dotted_name(value.func) or _short(_code(value.func))
+            return f"built by `{callee}(...)`"
+        return f"set from `{_short(_code(value))}`"
+
     def visit_For(self, node: cst.For) -> None:
         self._loops.append(_Loop(loaderish=self._loaderish(node.iter),
                                  targets=_names_in(node.target), loader=_loader_name(node.iter),
@@ -276,7 +308,10 @@ class LoopMixin(TransformerBase):
         if self._unsharded_loop_reported or self.facts.builds_loaders or source is None:
             return
         self._unsharded_loop_reported = True
-        self._edit(anchor, LOADER_ELSEWHERE, f"`{source}` is not built in this file: if it is a "
+        built = self._built_by(source)
+        where = (f"is {built}, which distify cannot see into" if built is not None
+                 else "is not built in this file")
+        self._edit(anchor, LOADER_ELSEWHERE, f"`{source}` {where}: if it is a "
                    "DataLoader, it is sharded only where it is prepared, so convert the file "
                    "that builds it too (or the whole folder), or prepare it here "
                    f"(`{source} = {self.rt}.prepare({source})`) if nothing else does; "
@@ -375,3 +410,9 @@ class _PerSample(cst.CSTVisitor):
     def visit_Subscript(self, node: cst.Subscript) -> None:
         if isinstance(node.value, cst.Attribute) and node.value.attr.value == "shape":
             self.found = True  # x.shape[0]
+
+
+def _short(code: str, width: int = 40) -> str:
+    """``code`` on one line, cut at ``width`` characters."""
+    text = " ".join(code.split())
+    return text if len(text) <= width else text[:width - 3] + "..."
