@@ -950,7 +950,7 @@ def test_cli_failed_write_keeps_the_previous_output(workdir: Path, monkeypatch,
               "replace": (fsutil.os, "replace", fail)}[fail_in]
     before = _tree(workdir)
     monkeypatch.setattr(*target)
-    result = _run("convert", "train.py", "-o", "out.py")
+    result = _run("convert", "train.py", "-o", "out.py", "--force")
     monkeypatch.undo()
     _assert_failed_cleanly(result, before, workdir, message="out.py: cannot write")
 
@@ -966,7 +966,7 @@ def test_cli_interrupted_write_leaves_nothing_behind(workdir: Path, monkeypatch)
 
     before = _tree(workdir)
     monkeypatch.setattr(fsutil.os, "fsync", interrupt)
-    result = _run("convert", "train.py", "-o", "out.py")
+    result = _run("convert", "train.py", "-o", "out.py", "--force")
     monkeypatch.undo()
     assert result.exit_code == 130, result.output
     assert result.output.strip() == "distify: interrupted"

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
+import re
+import shlex
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -29,6 +32,7 @@ from distify.convert.report import (
     unified_diff,
 )
 from distify.errors import UserError
+from distify.fsutil import resolved
 from distify.lint.config import load_config as load_project_config
 from distify.rules import RuleSet, load_rules
 
@@ -65,12 +69,15 @@ Examples:
               help="Copy the runtime beside the output as distify_runtime/, so the cluster "
                    "needs no distify install.")
 @click.option("--no-config", is_flag=True, help="Do not write the launch config.")
+@click.option("--force", is_flag=True,
+              help="Overwrite an existing output file that is not an earlier output of this "
+                   "conversion.")
 @click.option("-v", "--verbose", is_flag=True,
               help="List every changed line (the report gives the same change on many lines "
                    "as one line with the first few line numbers).")
 def convert(path: Path, output: Path | None, show_diff: bool, check_only: bool, in_place: bool,
             mixed_precision: str | None, as_json: bool, rule_files: tuple[Path, ...],
-            standalone: bool, no_config: bool, verbose: bool) -> None:
+            standalone: bool, no_config: bool, force: bool, verbose: bool) -> None:
     """Rewrite PATH (a training script, or a project folder) to run distributed.
 
     The model, optimizer, LR scheduler and DataLoaders are prepared, loss.backward() goes through
@@ -79,6 +86,7 @@ def convert(path: Path, output: Path | None, show_diff: bool, check_only: bool, 
     with its line, every place that needs a human look, and how to launch the result. The
     conversion is static: your script is never run.
     """
+    path = _named(path)
     modes = sum(bool(m) for m in (show_diff, check_only, in_place))
     if modes > 1 or (output is not None and (show_diff or check_only or in_place)):
         raise UserError("choose one of -o, --diff, --check and -i")
@@ -97,6 +105,8 @@ def convert(path: Path, output: Path | None, show_diff: bool, check_only: bool, 
         _report(converted, as_json, None, verbose=verbose, err=True)
         return
     unwritten = _not_written(path, output, in_place, converted)
+    if not (force or in_place or path.is_dir() or unwritten):
+        _refuse_to_clobber(converted[0])
     write_planned([p for p in planned if p not in unwritten], in_place=in_place,
                   make_dirs=path.is_dir())
     root = (out or path) if path.is_dir() else None
@@ -105,6 +115,14 @@ def convert(path: Path, output: Path | None, show_diff: bool, check_only: bool, 
         copy_runtime(root or planned[0].target.parent)
     _report(converted, as_json, config, verbose=verbose, unwritten=unwritten,
             launch=_launch_hint(converted, entry, config))
+
+
+def _named(path: Path) -> Path:
+    """``.``, ``./``, ``..`` or ``proj/..`` name a folder without naming it (its name is empty
+    or ``..``, so ``proj_dist`` cannot be derived from it): the folder itself, resolved."""
+    if path.name in ("", ".", ".."):
+        return resolved(path)
+    return path
 
 
 def _plan(path: Path, output: Path | None, rules: RuleSet, runtime_module: str, *,
@@ -135,9 +153,36 @@ def _file_output(path: Path, output: Path | None) -> Path:
     target = output if output is not None else path.with_name(f"{path.stem}_dist{path.suffix}")
     if target.is_dir():
         target = target / path.name
-    if target.resolve() == path.resolve():
+    if resolved(target) == resolved(path):
         raise UserError("the output is the input; use -i to convert in place", path=str(path))
     return target
+
+
+#: ``import distify.runtime as distify`` (or the standalone copy): a line every conversion adds
+_RUNTIME_IMPORT = re.compile(rb"^import (?:distify\.runtime|distify_runtime)\b", re.MULTILINE)
+#: how much of an earlier output must survive in the new one (lines, difflib's ratio) for it to
+#: be an earlier conversion of the same script, edited since
+_SAME_SCRIPT = 0.5
+
+
+def _refuse_to_clobber(item: Planned) -> None:
+    """Refuse to replace an existing file at the output path unless nothing is lost: it holds
+    the new output already, or the input's own bytes (a copy, a hard link), or it is an earlier
+    output of converting this script (it imports distify's runtime, as every conversion does,
+    and at least half its lines are in the new output: the script was edited since)."""
+    target = item.target
+    try:
+        old = target.read_bytes()
+    except FileNotFoundError:
+        return
+    except OSError:
+        return  # not readable (a folder, a loop): the write reports it
+    new = item.result.output
+    if old in (new, item.result.source) or (_RUNTIME_IMPORT.search(old) and difflib.SequenceMatcher(
+            None, old.splitlines(), new.splitlines()).ratio() >= _SAME_SCRIPT):
+        return
+    raise UserError(f"already exists and is not an earlier output of converting {item.source}: "
+                    "pass --force to overwrite it, or choose another -o", path=str(target))
 
 
 def _project_output(path: Path, output: Path | None) -> Path:
@@ -209,10 +254,11 @@ def _launch_hint(converted: list[Planned], entry: Planned | None,
     done = [p for p in converted if p.result.status == "converted"]
     if not done:
         return None
-    script, choices = (str(entry.target), "") if entry else ("SCRIPT", _choices(done))
+    script, choices = (shlex.quote(str(entry.target)), "") if entry else \
+        ("SCRIPT", _choices(done))
     options = ""
     if config is not None and (entry is None or config.path != entry.target.with_suffix(".yaml")):
-        options = f"--config_file {config.path} "
+        options = f"--config_file {shlex.quote(str(config.path))} "
     where = [f"SCRIPT: the entry point, {choices}"] if choices else []
     if not _local_gpus():
         options += "--num_processes 2 --cpu "

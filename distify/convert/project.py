@@ -12,7 +12,9 @@ config gets a name of its own (``train_dist.launch.yaml``), which the launch com
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import os
 import re
 import shutil
@@ -27,7 +29,14 @@ from distify.analysis.project import imported_by_parallel, resolve
 from distify.convert.engine import FileResult, convert_source
 from distify.convert.loops import LOADER_ELSEWHERE
 from distify.errors import UserError
-from distify.fsutil import atomic_write_bytes, atomic_write_text
+from distify.fsutil import (
+    SYMLINK_LOOP,
+    atomic_write_bytes,
+    atomic_write_text,
+    on_deep_stack,
+    resolved,
+    too_deep,
+)
 from distify.launch.config import (
     LaunchConfig,
     default_config,
@@ -61,11 +70,23 @@ def read_source(path: Path) -> bytes:
         raise UserError("is a directory (give a folder to convert a project)",
                         path=str(path)) from None
     except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise UserError(SYMLINK_LOOP, path=str(path)) from None
         raise UserError(f"cannot read: {err.strerror}", path=str(path)) from None
 
 
 def convert_file(path: Path, rules: RuleSet, runtime_module: str) -> FileResult:
-    return convert_source(read_source(path), str(path), rules, runtime_module)
+    """Convert one file. A syntax tree too deep for the usual recursion limit (a sum of
+    thousands of terms) is converted again on a big stack; deeper still, a one-line error."""
+    source = read_source(path)
+    try:
+        return convert_source(source, str(path), rules, runtime_module)
+    except RecursionError:
+        pass
+    try:
+        return on_deep_stack(convert_source, source, str(path), rules, runtime_module)
+    except RecursionError:
+        raise too_deep(source, str(path)) from None
 
 
 def iter_project(root: Path) -> Iterator[Path]:
@@ -160,7 +181,7 @@ def launch_entry(converted: list[Planned]) -> Planned | None:
 
 
 def _check_outside(root: Path, out: Path) -> None:
-    root_abs, out_abs = root.resolve(), out.resolve()
+    root_abs, out_abs = resolved(root), resolved(out)
     if out_abs == root_abs or root_abs in out_abs.parents:
         raise UserError("the output folder must not be the project folder or inside it "
                         "(use -i to convert in place)", path=str(out))
@@ -173,17 +194,49 @@ def write_planned(planned: list[Planned], *, in_place: bool = False,
     written = []
     for item in planned:
         if item.result is None:
-            item.target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(item.source, item.target)
+            _make_folder(item.target.parent)
+            _copy(item.source, item.target)
             written.append(item.target)
             continue
         if in_place and not item.result.changed:
             continue
         if make_dirs:
-            item.target.parent.mkdir(parents=True, exist_ok=True)
+            _make_folder(item.target.parent)
         atomic_write_bytes(item.target, item.result.output)
         written.append(item.target)
     return written
+
+
+def _make_folder(folder: Path) -> None:
+    """``mkdir -p``; a place where no folder can be made (read-only, under a file) is a
+    one-line error."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:  # a file (or a dangling link) where the folder should be
+        raise UserError("cannot make this output folder: a file is in the way",
+                        path=str(folder)) from None
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise UserError(SYMLINK_LOOP, path=str(folder)) from None
+        raise UserError(f"cannot make this output folder: {err.strerror}",
+                        path=str(folder)) from None
+
+
+def _copy(source: Path, target: Path) -> None:
+    """Copy a file that is not Python as it is (with its times and mode), through a temporary
+    file and a rename: a failed copy leaves no half file behind."""
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        shutil.copy2(source, tmp)
+        os.replace(tmp, target)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if err.errno == errno.ELOOP:
+            raise UserError(SYMLINK_LOOP, path=str(err.filename or source)) from None
+        where = source if err.filename in (str(source), source) else target
+        raise UserError(f"cannot {'read' if where == source else 'write'}: {err.strerror}",
+                        path=str(where)) from None
 
 
 def copy_runtime(folder: Path) -> Path:

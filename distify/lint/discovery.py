@@ -9,6 +9,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 
 from distify.errors import UserError
+from distify.fsutil import SYMLINK_LOOP, is_symlink_loop
 from distify.rules import RuleSet
 
 #: Folders never entered when walking a folder (explicitly named files are still checked).
@@ -41,6 +42,8 @@ def discover(paths: Sequence[str], exclude: Sequence[str] = (),
         elif os.path.isdir(given):
             for path in _walk(given, exclude, root):
                 found[path] = None
+        elif is_symlink_loop(given):
+            raise UserError(SYMLINK_LOOP, path=given)
         else:
             raise UserError("no such file or folder", path=given)
     return list(found)
@@ -60,7 +63,7 @@ def _walk(folder: str, exclude: Sequence[str], root: Path | None) -> Iterable[st
 def _excluded(path: str, patterns: Sequence[str], root: Path | None) -> bool:
     if not patterns:
         return False
-    absolute = Path(path).resolve()
+    absolute = Path(os.path.realpath(path))  # not resolve(): it raises on a symlink loop
     relative = Path(path).as_posix()
     if root is not None and absolute.is_relative_to(root.resolve()):
         relative = absolute.relative_to(root.resolve()).as_posix()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import io
 import multiprocessing
 import os
@@ -13,7 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from distify.analysis.project import imported_by_parallel
-from distify.fsutil import atomic_write_bytes
+from distify.fsutil import SYMLINK_LOOP, atomic_write_bytes, on_deep_stack, too_deep
 from distify.lint.engine import LintOptions, lint_source
 from distify.lint.model import PARSE_ERROR, FileResult, Finding
 
@@ -28,11 +29,21 @@ def check_file(path: str, options: LintOptions) -> FileResult:
         with open(path, "rb") as handle:
             source = handle.read()
     except OSError as err:
-        message = f"cannot read: {err.strerror or err}"
+        message = SYMLINK_LOOP if err.errno == errno.ELOOP else \
+            f"cannot read: {err.strerror or err}"
         return FileResult(path, (Finding(path, 1, 1, 1, 1, PARSE_ERROR, message),))
     if options.prefilter is not None and not options.prefilter.search(source):
         return FileResult(path, skipped="no torch")
-    return lint_source(source, path, options)
+    try:
+        return lint_source(source, path, options)
+    except RecursionError:  # a sum of thousands of terms: again, on a big stack
+        pass
+    try:
+        return on_deep_stack(lint_source, source, path, options)
+    except RecursionError:
+        error = too_deep(source, path)
+        return FileResult(path, (Finding(path, error.line, 1, error.line, 1, PARSE_ERROR,
+                                         error.message),))
 
 
 def check_files(paths: Sequence[str], options: LintOptions, jobs: int = 0) -> list[FileResult]:
@@ -57,10 +68,11 @@ def _check_helpers(results: list[FileResult], options: LintOptions) -> list[File
     waiting = {Path(r.path): i for i, r in enumerate(results) if r.skipped == "not distributed"}
     if not waiting or len(waiting) == len(results):
         return results
-    root = Path(os.path.commonpath([str(Path(r.path).resolve().parent) for r in results]))
+    # realpath, not resolve(): a symlink loop among the files stays a finding of its own
+    root = Path(os.path.commonpath([os.path.dirname(os.path.realpath(r.path)) for r in results]))
     everyone = replace(options, check_all=True)
     while True:
-        imports = {Path(r.path): r.imports for r in results}
+        imports = {Path(r.path): r.imports for r in results if not _loops(r)}
         distributed = [Path(r.path) for r in results if not r.skipped and r.imports]
         found = [path for path in imported_by_parallel(imports, distributed, (), root)
                  if path in waiting]
@@ -68,6 +80,11 @@ def _check_helpers(results: list[FileResult], options: LintOptions) -> list[File
             return results
         for path in found:
             results[waiting.pop(path)] = check_file(str(path), everyone)
+
+
+def _loops(result: FileResult) -> bool:
+    """Is the file a symlink loop (it has no path to resolve, and imports nothing)?"""
+    return any(f.code == PARSE_ERROR and f.message == SYMLINK_LOOP for f in result.findings)
 
 
 def _context():
