@@ -5,8 +5,9 @@ others waiting until the timeout, which then reads as a bare Gloo or NCCL error.
 keeps, at no collective's cost, what it is waiting in: every collective of the runtime (the
 strategy's ``all_reduce``, ``all_gather``, ``broadcast``, ``barrier``) and the gradient
 all-reduce of ``distify.backward`` count themselves, per kind, and note the script line that
-made them (``_debug.call_site``): a counter, a clock reading and a frame walk, a few
-microseconds, next to a collective's tens or hundreds.
+made them (as ``_debug.call_site`` finds it, formatted only when said): a counter, two clock
+readings and a short frame walk, about 2 microseconds, next to a collective's tens or
+hundreds.
 
 - **The watchdog** (a daemon thread per process, started with the first collective) publishes
   this rank's position in the job's key-value store when it changed, every few seconds (one
@@ -36,6 +37,9 @@ import torch.distributed as dist
 from . import _state
 from ._errors import DistifyError
 
+# Frames in these packages are not the call site a user wants to see (as in ``_debug``).
+_SKIPPED = (__name__.rpartition(".")[0], "torch", "contextlib")
+_SKIPPED_UNDER = tuple(f"{name}." for name in _SKIPPED)
 _MAX_PERIOD_S = 5.0
 _MIN_PERIOD_S = 0.2
 _SAME_ORDER = ("every rank must reach the same distify calls in the same order: look for one "
@@ -52,10 +56,10 @@ class Progress:
         #: per kind of wait, how many this process entered
         self.counts: dict[str, int] = {}
         self.depth = 0
-        #: (what, site, wall-clock start, monotonic start) of the wait in progress, or None
-        self.now: tuple[str, str, float, float] | None = None
-        #: (what, site, wall-clock end) of the last finished wait, or None
-        self.last: tuple[str, str, float] | None = None
+        #: (what, (file, line), wall-clock start, monotonic start) of the wait in progress
+        self.now: tuple[str, tuple[str, int], float, float] | None = None
+        #: (what, (file, line), wall-clock end) of the last finished wait
+        self.last: tuple[str, tuple[str, int], float] | None = None
         self.watchdog: threading.Thread | None = None
         #: set at exit: the watchdog publishes no more (the record says the rank left)
         self.left = False
@@ -84,11 +88,9 @@ class waiting:  # used like a function: ``with _progress.waiting("barrier"):``
         part.depth += 1
         if part.depth > 1:  # inside another wait (a collective made by one of distify's)
             return
-        from ._debug import call_site  # imported here: _debug imports the strategies
-
         number = part.counts[self.kind] = part.counts.get(self.kind, 0) + 1
         what = (self.label or "{kind} #{n}").format(kind=self.kind, n=number)
-        part.now = (what, call_site(), time.time(), time.monotonic())
+        part.now = (what, _caller(), time.time(), time.monotonic())
         if part.watchdog is None:
             _start_watchdog(part)
 
@@ -105,6 +107,25 @@ class waiting:  # used like a function: ``with _progress.waiting("barrier"):``
             raise DistifyError(_gave_up(now, error)) from error
 
 
+def _caller() -> tuple[str, int]:
+    """(file, line) of the innermost frame outside the runtime, torch and contextlib: what
+    ``_debug.call_site`` names, unformatted (formatting it costs tens of microseconds)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if module not in _SKIPPED and not module.startswith(_SKIPPED_UNDER):
+            return frame.f_code.co_filename, frame.f_lineno
+        frame = frame.f_back
+    return "(unknown line)", 0
+
+
+def _site(raw: tuple[str, int]) -> str:
+    """``file:line`` as the runtime's messages name a line (``_debug._shown``)."""
+    from ._debug import _shown  # imported here: _debug imports the strategies
+
+    return f"{_shown(raw[0])}:{raw[1]}" if raw[1] else raw[0]
+
+
 def _lost_peer(error: BaseException) -> bool:
     if isinstance(error, DistifyError) or not isinstance(error, RuntimeError):
         return False
@@ -112,14 +133,14 @@ def _lost_peer(error: BaseException) -> bool:
     return isinstance(error, dist.DistError) or any(word in text for word in _LOST_PEER)
 
 
-def _gave_up(now: tuple[str, str, float, float], error: BaseException) -> str:
+def _gave_up(now: tuple[str, tuple[str, int], float, float], error: BaseException) -> str:
     """The timeout's message: where this rank waited, where the others were."""
     rank = _state.rank()
     waited = time.monotonic() - now[3]
     _publish(_state.shared_store(), rank, _record(_part()))
     others = _others(_state.shared_store(), rank)
     timeout = _state.settings().timeout.total_seconds()
-    return (f"distify: rank {rank} gave up after {waited:.0f} s in {now[0]} at {now[1]} "
+    return (f"distify: rank {rank} gave up after {waited:.0f} s in {now[0]} at {_site(now[1])} "
             f"(DISTIFY_TIMEOUT={timeout:g}; {type(error).__name__}: "
             f"{_first_line(error)}): {others}: {_SAME_ORDER}")
 
@@ -135,9 +156,9 @@ def _first_line(error: BaseException) -> str:
 def _record(part: Progress) -> dict[str, Any]:
     now, last = part.now, part.last
     if now is not None:
-        return {"in": now[0], "site": now[1], "since": now[2]}
+        return {"in": now[0], "site": _site(now[1]), "since": now[2]}
     if last is not None:
-        return {"last": last[0], "site": last[1], "at": last[2]}
+        return {"last": last[0], "site": _site(last[1]), "at": last[2]}
     return {"start": True}
 
 
@@ -192,7 +213,7 @@ def mark_left(failed: bool) -> None:
     last = part.last
     record: dict[str, Any] = {"left": "error" if failed else "end"}
     if last is not None:
-        record.update(last=last[0], site=last[1])
+        record.update(last=last[0], site=_site(last[1]))
     _publish(_state.shared_store(), runtime.settings.rank, record)
 
 
@@ -244,6 +265,7 @@ def _watch(part: Progress, store: Any, rank: int, after: float, period: float) -
             if part.now is not now:
                 continue
             waited = time.monotonic() - now[3]
-            print(f"distify: rank {rank} has waited {waited:.0f} s in {now[0]} at {now[1]}; "
+            print(f"distify: rank {rank} has waited {waited:.0f} s in {now[0]} at "
+                  f"{_site(now[1])}; "
                   f"{_others(store, rank)} (the job keeps waiting, up to DISTIFY_TIMEOUT)",
                   file=sys.stderr, flush=True)
