@@ -66,7 +66,8 @@ def test_a_loader_built_in_another_module_is_reported_where_it_is_used() -> None
             for x, y in train_loader:
         """, 2)
     assert len(notes) == 1 and notes[0][0] == "for x, y in train_loader:"
-    assert "`train_loader` is not built in this file" in notes[0][1]
+    assert "`train_loader` is built by `get_loaders(...)`, which distify cannot see into" \
+        in notes[0][1]
     assert "`train_loader = distify.prepare(train_loader)`" in notes[0][1]
 
 
