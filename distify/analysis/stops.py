@@ -294,10 +294,13 @@ class FileFunctions:
             return None
         if name not in self._exiting:
             self._exiting[name] = False  # while deciding: a recursive call adds nothing
+            # an exit is a statement of its own (``sys.exit(1)``, ``die(msg)``): the
+            # statements are enough, and cheaper than every expression (asked of every
+            # function a loop calls)
             self._exiting[name] = any(
                 is_exit(call) or ((inner := _local_callee(call.func)) is not None
                                   and self.exiting(inner, is_exit) is not None)
-                for call in _calls(function.body, definitions=False))
+                for call in statement_calls(function.body))
         return function if self._exiting[name] else None
 
     def ends(self, call: cst.Call, is_exit: Callable[[cst.Call], bool]) -> bool:
@@ -1204,3 +1207,32 @@ def _is_step(call: cst.Call) -> bool:
     name = owner.attr.value if isinstance(owner, cst.Attribute) else \
         owner.value if isinstance(owner, cst.Name) else ""
     return any(part in name.lower() for part in ("opt", "scaler", "sched"))
+
+
+def statement_calls(suite: cst.BaseSuite) -> list[cst.Call]:
+    """The calls that make a statement of ``suite`` (nested blocks included, not nested
+    ``def``/``class``): ``f(x)``, ``y = f(x)``, ``return f(x)``."""
+    found: list[cst.Call] = []
+    statements = suite.body if isinstance(suite, cst.IndentedBlock) else [suite]
+    for stmt in statements:
+        if isinstance(stmt, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
+            for small in stmt.body:
+                value = getattr(small, "value", None)
+                if isinstance(value, cst.Call):
+                    found.append(value)
+        elif isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+            continue
+        else:
+            for block in (getattr(stmt, "body", None), getattr(stmt, "orelse", None),
+                          getattr(stmt, "finalbody", None)):
+                if isinstance(block, cst.If):
+                    found += statement_calls(cst.IndentedBlock(body=[block]))
+                elif isinstance(block, (cst.Else, cst.Finally)):
+                    found += statement_calls(block.body)
+                elif isinstance(block, cst.BaseSuite):
+                    found += statement_calls(block)
+            for handler in getattr(stmt, "handlers", ()):
+                found += statement_calls(handler.body)
+            for case in getattr(stmt, "cases", ()):
+                found += statement_calls(case.body)
+    return found

@@ -51,6 +51,7 @@ from distify.analysis.stops import (
     calls_in,
     find_stops,
     local_callee,
+    statement_calls,
 )
 from distify.convert.base import TransformerBase
 from distify.convert.syntax import _EQUAL, _code, _leaves_loop, _strip_parens
@@ -85,12 +86,9 @@ class StopMixin(TransformerBase):
         #: the test's node → (its decision, the calls of training loops that reach it)
         self._function_stops: dict[int, tuple[Stop, list[cst.Call]]] = {}
         self._written: set[int] = set()  # ... found in a def not left yet, as written
-        #: how many times the file calls each name (``f(...)``, ``self.f(...)``)
+        #: how many times the file calls each name (``f(...)``, ``self.f(...)``): counted in
+        #: :meth:`leave_Module`, only for a file with such tests
         self._calls_of: dict[str, int] = {}
-        for call in calls_in(node):
-            name = local_callee(call.func)
-            if name is not None:
-                self._calls_of[name] = self._calls_of.get(name, 0) + 1
 
     def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef):
         name = updated.name.value
@@ -167,8 +165,11 @@ class StopMixin(TransformerBase):
             self._calls_exiting(node)
 
     def _calls_exiting(self, loop: cst.For | cst.While) -> None:
-        """A nest that calls a local function that may end the process is analysed."""
-        for call in calls_in(loop.body):
+        """A nest that calls a local function that may end the process is analysed (a call
+        that is a statement of its own or an assignment's value, ``sanity_check(x)``,
+        ``x = clean(x)``: found without a walk of every expression, as this runs on every
+        loop; a nest analysed for another reason follows every call)."""
+        for call in statement_calls(loop.body):
             name = local_callee(call.func)
             if name is not None and self._exits.exiting(name, self._is_exit):
                 self._nests_with_exits.add(id(self._loops[0]))
@@ -259,6 +260,11 @@ class StopMixin(TransformerBase):
         reaches the collective in its test together), else reported at the test."""
         replacements: dict[int, Callable[[cst.CSTNode], cst.CSTNode]] = {}
         decided: dict[int, tuple[Stop, list]] = {}
+        if self._function_stops:
+            for call in calls_in(original):
+                name = local_callee(call.func)
+                if name is not None:
+                    self._calls_of[name] = self._calls_of.get(name, 0) + 1
         for stop, calls in self._function_stops.values():
             name = stop.function or ""
             if stop.action == "note":
@@ -547,5 +553,26 @@ def _nodes(root: cst.CSTNode, kind: type) -> list:
     return finder.found
 
 
-def _definitions(module: cst.Module) -> list[cst.FunctionDef]:
-    return _nodes(module, cst.FunctionDef)
+def _definitions(block: cst.Module | cst.BaseSuite) -> list[cst.FunctionDef]:
+    """The functions and methods defined at the module's level (also under ``if``/``try``
+    there) and in its classes; not those nested in functions. Without a walk of the whole
+    tree: it runs on every conversion."""
+    found: list[cst.FunctionDef] = []
+    statements = block.body if isinstance(block, (cst.Module, cst.IndentedBlock)) else []
+    for stmt in statements:
+        if isinstance(stmt, cst.FunctionDef):
+            found.append(stmt)
+        elif isinstance(stmt, cst.ClassDef):
+            found += _definitions(stmt.body)
+        elif isinstance(stmt, cst.If):
+            found += _definitions(stmt.body)
+            orelse = stmt.orelse
+            while isinstance(orelse, cst.If):
+                found += _definitions(orelse.body)
+                orelse = orelse.orelse
+            if isinstance(orelse, cst.Else):
+                found += _definitions(orelse.body)
+        elif isinstance(stmt, cst.Try):
+            found += _definitions(stmt.body)
+    return found
+
