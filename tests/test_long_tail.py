@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+
 from distify.convert.engine import convert_source
 from distify.lint import lint_text
+from tests.fixture_runs import Plan, run_side_by_side
 from tests.helpers import FIXTURES
 
 UNUSED_IMPORT = FIXTURES / "convert" / "unused_dist_import.in.py"
@@ -25,3 +32,152 @@ def test_a_used_import_still_marks_the_file_distributed() -> None:
     result = convert_source(source.encode(), "train.py")
     assert result.status == "already-distributed"
     assert "uses torch.distributed.init_process_group" in result.reason
+
+
+# ---------------------------------------------------------------- models and optimizers
+# Fixtures in tests/fixtures/long_tail/: NAME.in.py converts to NAME.out.py exactly (update with
+# DISTIFY_UPDATE_GOLDEN=1 and review the diff), NAME.noop.py comes out byte-identical.
+LONG_TAIL = FIXTURES / "long_tail"
+GOLDEN = sorted(LONG_TAIL.glob("*.in.py"))
+UPDATE = bool(os.environ.get("DISTIFY_UPDATE_GOLDEN"))
+
+
+def _name(path: Path) -> str:
+    return path.name.split(".")[0]
+
+
+@pytest.mark.parametrize("source", GOLDEN, ids=_name)
+def test_golden_output_and_converting_twice_changes_nothing(source: Path) -> None:
+    expected = source.with_name(source.name.replace(".in.py", ".out.py"))
+    result = convert_source(source.read_bytes(), str(source))
+    if UPDATE:
+        expected.write_bytes(result.output)
+    assert result.status == "converted"
+    assert result.output.decode() == expected.read_text()
+    again = convert_source(result.output, "converted.py")
+    assert (again.status, again.output) == ("already-distributed", result.output)
+
+
+def _prepares(result) -> list[str]:
+    return [line.strip() for line in result.output.decode().splitlines()
+            if "distify.prepare(" in line and "DataLoader" not in line
+            and "loader" not in line.split("=")[0]]
+
+
+def test_an_optimizer_chosen_by_flag_prepares_the_model_on_every_path() -> None:
+    result = convert_source((LONG_TAIL / "optimizer_by_flag.in.py").read_bytes(), "t.py")
+    # one prepare per branch that builds an optimizer, none for the branch that raises
+    assert _prepares(result) == ["model, optimizer = distify.prepare(model, optimizer)"] * 3
+    assert not [n for n in result.notes if "prepare" in n.message]
+
+
+def test_an_optimizer_behind_a_flag_beside_manual_sgd_prepares_the_model_on_both_paths() -> None:
+    result = convert_source((LONG_TAIL / "manual_sgd_or_optimizer.in.py").read_bytes(), "t.py")
+    assert _prepares(result) == ["model, optimizer = distify.prepare(model, optimizer)",
+                                 "model = distify.prepare(model)"]
+    said = [c.message for c in result.changes if c.kind == "prepare-model"]
+    assert any("on every path" in message for message in said), said
+
+
+def test_a_model_built_only_on_some_paths_is_reported_not_prepared_blindly() -> None:
+    source = textwrap.dedent("""\
+        import torch
+        from torch.utils.data import DataLoader
+        loader = DataLoader(list(range(8)), batch_size=2)
+        if torch.cuda.is_available():
+            model = torch.nn.Linear(2, 2)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x in loader:
+            optimizer.zero_grad()
+            model(x.float().view(-1, 1).repeat(1, 2)).sum().backward()
+            optimizer.step()
+        """)
+    result = convert_source(source.encode(), "t.py")
+    assert "model = distify.prepare(model)" not in result.output.decode()
+    notes = [n.message for n in result.notes]
+    assert any("prepared on some paths of this `if` only" in n for n in notes), notes
+
+
+def test_a_helper_returning_several_objects_prepares_each_module_once() -> None:
+    result = convert_source((LONG_TAIL / "helper_returns_several.in.py").read_bytes(), "t.py")
+    out = result.output.decode()
+    assert "distify.prepare(set_model(" not in out  # never a tuple handed to prepare
+    assert _prepares(result) == ["model = distify.prepare(model)",
+                                 "classifier, optimizer = distify.prepare(classifier, optimizer)"]
+
+
+def test_a_config_or_tokenizer_is_never_prepared() -> None:
+    result = convert_source((LONG_TAIL / "hf_config_model.in.py").read_bytes(), "t.py")
+    assert _prepares(result) == ["model, optimizer = distify.prepare(model, optimizer)"]
+
+
+def test_an_optimizer_that_is_none_first_is_prepared_where_it_is_built() -> None:
+    result = convert_source((LONG_TAIL / "optimizer_none_on_a_path.in.py").read_bytes(), "t.py")
+    out = result.output.decode()
+    assert "optimizer = None\n" in out
+    assert out.index("optimizer = None") < out.index("model, optimizer = distify.prepare(")
+
+
+def test_a_backward_with_no_model_leaves_the_script_alone() -> None:
+    source = (LONG_TAIL / "autograd_demo.noop.py").read_bytes()
+    result = convert_source(source, "t.py")
+    assert (result.status, result.output) == ("unchanged", source)
+    assert "plain tensors" in result.reason and "line 8" in result.reason
+    # a tensor regression trained by an optimizer is training: it is converted as before
+    trained = source.decode() + "opt = torch.optim.SGD([x], lr=0.1)\nopt.step()\n"
+    assert convert_source(trained.encode(), "t.py").status != "unchanged"
+
+
+def test_prepare_passes_none_through() -> None:
+    pytest.importorskip("torch")
+    import torch
+
+    from distify.runtime import _state
+    from distify.runtime._prepare import prepare
+
+    _state.reset()
+    try:
+        model = torch.nn.Linear(2, 2)
+        assert prepare(model, None) == (model, None)
+        assert prepare(None) is None
+    finally:
+        _state.reset()
+
+
+# Run side by side: the original, the conversion on 1 process (the same output), and on 2
+# processes (identical replicas, distinct data per rank, only rank 0 printed).
+PLANS = {"optimizer_by_flag": Plan(), "manual_sgd_or_optimizer": Plan(),
+         "helper_returns_several": Plan(), "optimizer_none_on_a_path": Plan()}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    pytest.importorskip("torch")
+    return run_side_by_side(tmp_path_factory.mktemp("long_tail"), LONG_TAIL, PLANS)
+
+
+@pytest.mark.parametrize("name", sorted(PLANS))
+def test_conversion_runs_as_the_original_on_one_process_and_together_on_two(runs, name) -> None:
+    original, one, two = (runs[name, v] for v in ("original", "one", "two"))
+    assert one.stdout == original.stdout
+    assert two.stdout == original.stdout  # only rank 0 printed, the same lines
+
+
+def test_launch_warns_about_a_script_that_imports_torch_distributed_unused(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    from tests.helpers import clean_env
+
+    def dry_run(script: Path) -> str:
+        proc = subprocess.run([sys.executable, "-m", "distify", "launch", "--num_processes", "2",
+                               "--cpu", "--dry-run", str(script)], cwd=tmp_path, env=clean_env(),
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stderr
+
+    assert ("does not use torch.distributed, distify or Accelerate (it imports torch.distributed "
+            "but never uses it)") in dry_run(UNUSED_IMPORT)
+    converted = tmp_path / "train_dist.py"
+    converted.write_bytes(convert_source(UNUSED_IMPORT.read_bytes(), "train.py").output)
+    assert "warning" not in dry_run(converted)

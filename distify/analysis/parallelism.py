@@ -31,6 +31,8 @@ from distify.analysis.names import ImportMap
 HINTS = (b"distributed", b"Distributed", b"accelerate", b"lightning", b"deepspeed", b"horovod",
          b"import ray", b"from ray", b"ray.train", b"spawn", b"local_rank", b"local-rank",
          b"RANK", b"WORLD_SIZE", b"distify", b"Process", b"multiprocessing")
+#: the runtime's modules: importing one marks a conversion's output, whatever it uses
+_OWN_RUNTIME = ("distify", "distify_runtime")
 _RANK_ENV = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE"})
 _RANK_FLAGS = frozenset({"--local_rank", "--local-rank"})
 #: what starts Hogwild workers (with ``share_memory()`` and no ``torch.distributed``)
@@ -111,6 +113,9 @@ class Finder:
                  else [f"{node.module}.{alias.name}" for alias in node.names] + [node.module])
         for name in names:
             if name and self.rules.match("distributed_markers", name):
+                if name.split(".")[0] in _OWN_RUNTIME:  # distify's own output, used or not
+                    self.distributed = (node.lineno, f"imports {name}")
+                    return
                 self._first_import = self._first_import or (node.lineno, f"imports {name}", name)
                 break
         for alias in node.names:

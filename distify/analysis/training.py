@@ -39,6 +39,11 @@ _PARAM_METHODS = {"parameters", "named_parameters"}
 #: calls whose result is their first argument, prepared or compiled
 _MODEL_PASSTHROUGH = ("torch.compile", "torch.nn.DataParallel", "torch.nn.parallel.DataParallel")
 _MOVES = ("to", "cuda", "cpu", "float", "double", "half", "bfloat16", "train")
+#: words in a name that is never a model (``criterion``, ``config``, ``tokenizer``)
+_NOT_MODEL_WORDS = ("loss", "criterion", "config", "tokenizer", "processor")
+#: classes whose ``from_pretrained`` loads something other than a model (Transformers, diffusers)
+_NOT_MODEL_CLASSES = ("Config", "Tokenizer", "TokenizerFast", "Processor", "FeatureExtractor",
+                      "ImageProcessor", "Scheduler")
 _MAX_HOPS = 3  # a model passed down this many calls within the file is still followed
 
 
@@ -66,6 +71,20 @@ class Training:
     method_losses: dict[Scope, dict[int, str]] = field(default_factory=dict)
     #: the functions (and the module, ``()``) that run a backward pass themselves
     backward_scopes: set[Scope] = field(default_factory=set)
+    #: lines of the backward passes whose loss is computed from plain tensors by torch
+    #: functions and tensor methods alone (an autograd example: ``y = (x * x).sum()``)
+    tensor_only_backwards: list[int] = field(default_factory=list)
+    #: how many backward passes the file has
+    backward_count: int = 0
+
+    @property
+    def trains_no_model(self) -> bool:
+        """Every backward pass differentiates plain tensors and nothing here is a model or an
+        optimizer: DDP has nothing to wrap (``y.backward()`` in an autograd demo)."""
+        return (self.backward_count > 0
+                and len(self.tensor_only_backwards) == self.backward_count
+                and not self.build_sites
+                and not any(self.optimizer_models.values()))
 
 
 @dataclass
@@ -235,7 +254,8 @@ class _Flow:
 
     def _is_model(self, scope: _Scope, name: str, hops: int) -> bool:
         short = name.split(".")[-1].lower()
-        if "loss" in short or "criterion" in short:  # a loss module computes, it is not trained
+        # a loss module computes, it is not trained; a config or a tokenizer builds or feeds one
+        if any(word in short for word in _NOT_MODEL_WORDS):
             return False
         if self.methods(scope, name) & _MODEL_METHODS:
             return True
@@ -262,8 +282,10 @@ class _Flow:
                for function, returned in self._returned(value, None)):
             return True  # `model, optimizer = load_train_objs()`
         qual = self.imports.ast_qualname(value.func) or ""
-        if qual.split(".")[-1] in self.c.model_classes or qual.endswith(".from_pretrained"):
+        if qual.split(".")[-1] in self.c.model_classes:
             return True
+        if qual.endswith(".from_pretrained"):  # `AutoConfig.from_pretrained(...)` is no model
+            return not qual.rsplit(".", 2)[-2].endswith(_NOT_MODEL_CLASSES)
         if self.rules.match("models", qual) is not None:
             return True
         if (qual in _MODEL_PASSTHROUGH or self.rules.match("data_parallel", qual)) and value.args:
@@ -554,6 +576,9 @@ def analyse(collector: _Collector, model_classes: set[str]) -> Training:
         if scope.backwards:
             training.backward_scopes.add(scope.path)
         for ordinal, loss in enumerate(scope.backwards):
+            training.backward_count += 1
+            if _tensor_only(flow, scope, loss):
+                training.tensor_only_backwards.append(loss.lineno)
             models, method = flow.models_of_loss(scope, loss)
             if method is not None:
                 training.method_losses.setdefault(scope.path, {})[ordinal] = method
@@ -570,6 +595,27 @@ def analyse(collector: _Collector, model_classes: set[str]) -> Training:
                     training.build_sites.append(site)
                     covered.add(origin)
     return training
+
+
+def _tensor_only(flow: _Flow, scope: _Scope, loss: ast.expr) -> bool:
+    """Is ``loss`` computed from plain tensors by torch functions and tensor methods alone, with
+    no parameter, attribute of ``self``, model or other callable on its way?"""
+    names, calls = flow.depends(scope, loss)
+    if any(name in scope.params or name.startswith("self.") for name in names):
+        return False
+    for call in calls:
+        qual = flow.imports.ast_qualname(call.func) or ""
+        if qual.startswith("torch."):
+            if flow.rules.match("models", qual) is not None or ".nn." in qual \
+                    and qual.rsplit(".", 1)[-1][:1].isupper():
+                return False  # `torch.nn.Linear(...)`: a module
+            continue
+        if isinstance(call.func, ast.Attribute):
+            receiver = dotted(call.func.value)
+            if receiver is None or not flow.is_model(scope, receiver):
+                continue  # a method of a tensor: `(x * x).sum()`, `y.pow(2)`
+        return False
+    return True
 
 
 def _steps_a_known_optimizer(flow: _Flow, training: Training, scope: _Scope) -> bool:

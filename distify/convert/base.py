@@ -221,6 +221,13 @@ class TransformerBase(cst.CSTTransformer):
         self._built: list[list[tuple[str, int]]] = []  # per statement: (name, assignment index)
         self._after: list[cst.SimpleStatementLine] = []  # lines to add after this statement
         self._backwards: dict[tuple[str, ...], int] = {}  # backward calls seen, per scope
+        #: the ``if`` chains being rewritten (see :mod:`.models`, models prepared per branch)
+        self._if_frames: list = []
+        self._if_serial = 0  # ``if`` chains begun so far
+        self._elifs: set[int] = set()  # ids of the ``If`` nodes that are an ``elif``
+        self._if_elses: set[int] = set()  # ids of the ``Else`` nodes of ``if`` chains
+        #: (scope path, name) → the ``if`` serial when it was first assigned
+        self._first_assigned: dict[tuple[tuple[str, ...], str], int] = {}
 
     def _qual(self, node: cst.BaseExpression) -> str | None:
         return self.facts.imports.qualname(node)

@@ -95,6 +95,11 @@ def convert_source(source: bytes, path: str = "<string>", rules: RuleSet | None 
     if facts.parallel is not None and not facts.parallel.imported_only:
         return FileResult(path, source, source, "already-distributed",
                           reason=facts.parallel.reason, imports=imports)
+    if facts.training.trains_no_model and not facts.model_classes:
+        lines = ", ".join(str(n) for n in facts.training.tensor_only_backwards)
+        return FileResult(path, source, source, "unchanged", imports=imports, reason=(
+            f"no model or optimizer to distribute: the backward pass (line {lines}) "
+            "differentiates plain tensors, as an autograd example does"))
     module = _parse_cst(source, path)
     rt = next((n for n in _RUNTIME_NAMES if n not in facts.names), "_distify_runtime")
     transformer = DistifyTransformer(facts, rules, rt)

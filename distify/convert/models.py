@@ -18,6 +18,8 @@ averages the gradients of a forward through the model itself).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import libcst as cst
 
 from distify.analysis.names import dotted_name
@@ -34,6 +36,39 @@ def _dotted_target(node: cst.BaseExpression) -> str | None:
     return name
 
 
+@dataclass
+class _IfFrame:
+    """An ``if`` chain being rewritten: the models prepared before it, and for each branch the
+    models prepared at its end and whether it ends the path (``raise``, ``return``, ...)."""
+
+    before: set[str]
+    serial: int
+    branches: list[tuple[set[str], bool]] = field(default_factory=list)
+    has_else: bool = False
+
+
+def _is_none(node: cst.BaseSmallStatement) -> bool:
+    value = getattr(node, "value", None)
+    return isinstance(value, cst.Name) and value.value == "None"
+
+
+def _ends(block: cst.BaseSuite) -> bool:
+    """Does the block always leave the path (its last statement raises, returns, continues,
+    breaks or exits)?"""
+    if isinstance(block, cst.SimpleStatementSuite):
+        small = block.body
+    else:
+        last = block.body[-1] if block.body else None
+        small = last.body if isinstance(last, cst.SimpleStatementLine) else ()
+    if not small:
+        return False
+    statement = small[-1]
+    if isinstance(statement, (cst.Raise, cst.Return, cst.Continue, cst.Break)):
+        return True
+    return (isinstance(statement, cst.Expr) and isinstance(statement.value, cst.Call)
+            and dotted_name(statement.value.func) in ("sys.exit", "exit", "quit", "os._exit"))
+
+
 class ModelMixin(TransformerBase):
     # ---------------------------------------------------------------- assignments, in order
     def _count_assignment(self, target: cst.BaseExpression) -> None:
@@ -47,6 +82,7 @@ class ModelMixin(TransformerBase):
         if name is None:
             return
         key = (tuple(self._path), name)
+        self._first_assigned.setdefault(key, self._if_serial)
         index = self._assignments.get(key, 0)
         self._assignments[key] = index + 1
         if self._built:
@@ -73,7 +109,7 @@ class ModelMixin(TransformerBase):
         if pending:
             return pending
         target = self._statement_target_of(original)
-        if not target:
+        if not target or _is_none(original.body[0]):  # `optimizer = None`: none yet
             return []
         models = [m for m in self._optimizer_models(target)
                   if m not in self._scope.prepared_models]
@@ -86,6 +122,76 @@ class ModelMixin(TransformerBase):
         if len(body) == 1 and isinstance(body[0], cst.Assign) and len(body[0].targets) == 1:
             return _dotted_target(body[0].targets[0].target) or ""
         return ""
+
+    # ---------------------------------------------------------------- branches
+    # A model is prepared where its optimizer is built. When that is in one branch of an `if`
+    # (`if args.opt == "sgd": ... elif ...:`, `if args.use_optimizer:` beside manual SGD, a
+    # resume path that builds none), each branch prepares it on its own path, and a path that
+    # falls through without preparing it gets `model = rt.prepare(model)` after the `if`
+    # (preparing twice returns the model unchanged). Bookkept through LibCST's per-field hooks
+    # on an `if` chain's bodies, which nothing else here uses.
+
+    def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
+        if attribute == "body" and type(node) is cst.If and id(node) not in self._elifs:
+            self._if_serial += 1
+            self._if_frames.append(_IfFrame(set(self._scope.prepared_models), self._if_serial))
+
+    def on_leave_attribute(self, original_node: cst.CSTNode, attribute: str) -> None:
+        if attribute != "body":
+            return
+        kind = type(original_node)
+        if kind is cst.If:
+            orelse = original_node.orelse
+            if isinstance(orelse, cst.If):
+                self._elifs.add(id(orelse))
+            elif isinstance(orelse, cst.Else):
+                self._if_elses.add(id(orelse))
+        elif kind is not cst.Else or id(original_node) not in self._if_elses:
+            return
+        frame = self._if_frames[-1]
+        frame.branches.append((set(self._scope.prepared_models), _ends(original_node.body)))
+        self._scope.prepared_models.clear()
+        self._scope.prepared_models.update(frame.before)
+        frame.has_else = kind is cst.Else
+
+    def _models_after_branches(self, original: cst.If,
+                               updated: cst.If) -> list[cst.SimpleStatementLine]:
+        """At the end of an ``if`` chain: the prepares a path that falls through lacks."""
+        if id(original) in self._elifs or not self._if_frames:
+            return []
+        frame = self._if_frames.pop()
+        branches = frame.branches if frame.has_else else [*frame.branches, (frame.before, False)]
+        falling = [prepared for prepared, ends in branches if not ends]
+        everywhere = set().union(*(prepared for prepared, _ in branches))
+        self._scope.prepared_models.update(everywhere)
+        if not falling:
+            return []
+        somewhere = set().union(*falling) - set.intersection(*falling)
+        lines = []
+        for name in sorted(somewhere):
+            if not self._bound_before(name, frame.serial):
+                self._edit(updated, "model", f"`{name}` is prepared on some paths of "
+                           f"this `if` only, and is not built before it: prepare it with "
+                           f"`{name} = {self.rt}.prepare({name})` where every path has it",
+                           human=True)
+                continue
+            line = cst.SimpleStatementLine(body=[cst.Assign(
+                targets=[cst.AssignTarget(cst.parse_expression(name))],
+                value=self._rt_call("prepare", cst.parse_expression(name)))])
+            self._edit(line, "prepare-model", f"`{name}` prepared on every path of the `if` "
+                       "above, which builds its optimizer on some paths only: moved to the "
+                       f"device and {DISTRIBUTED} (a second prepare returns it unchanged)")
+            lines.append(line)
+        return lines
+
+    def _bound_before(self, name: str, serial: int) -> bool:
+        """Was ``name`` bound before the ``if`` numbered ``serial`` began?"""
+        if name.startswith("self.") or name in self._scope.params:
+            return True
+        for key in ((tuple(self._path), name), ((), name)):
+            if self._first_assigned.get(key, serial) < serial:
+                return True
+        return False
 
     # ---------------------------------------------------------------- models built here
     def _prepare_built(self, updated: cst.SimpleStatementLine,
@@ -102,6 +208,7 @@ class ModelMixin(TransformerBase):
             assign = body[0] if len(body) == 1 else None
             if isinstance(assign, cst.Assign) and len(assign.targets) == 1 \
                     and not isinstance(assign.value, cst.Tuple) \
+                    and not isinstance(assign.targets[0].target, (cst.Tuple, cst.List)) \
                     and not (isinstance(assign.value, cst.Call)
                              and _is_rt_prepare(assign.value, self.rt)):
                 call = self._rt_call("prepare", _shift_continuations(

@@ -32,7 +32,8 @@ def prepare(*objects: Any, shard: bool = True, device_placement: bool = True) ->
 
     Args:
         *objects: ``nn.Module``, ``torch.optim.Optimizer``, LR schedulers (including
-            ``ReduceLROnPlateau``) and ``DataLoader`` objects, in any order.
+            ``ReduceLROnPlateau``) and ``DataLoader`` objects, in any order; ``None`` (an
+            optimizer a path does not build) comes back as ``None``.
         shard: split DataLoaders over the ranks (``False`` for a loader whose dataset already
             yields only this rank's part).
         device_placement: move models and batches to :func:`distify.device`.
@@ -74,6 +75,8 @@ def prepared() -> Prepared:
 
 
 def _prepare_one(obj: Any, shard: bool, device_placement: bool) -> Any:
+    if obj is None:  # `prepare(model, optimizer)` on a path that builds no optimizer
+        return None
     if isinstance(obj, nn.Module):
         kind, result = "models", prepare_model(obj, device_placement=device_placement)
     elif isinstance(obj, Optimizer):
