@@ -32,6 +32,8 @@ def ranks_started(tmp_path, **config) -> list[str]:
 
 def test_accelerate_runs_a_cpu_config_as_one_process_as_the_readme_says(tmp_path):
     assert ranks_started(tmp_path, use_cpu=True) == ["rank None of None"]
+    # and the config distify wrote says so at its top
+    assert "runs a multi-CPU\n# config as one process" in (tmp_path / "job.yaml").read_text()
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     assert "only through `mpirun`" in readme
 

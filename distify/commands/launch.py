@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import difflib
 import importlib.util
-import re
 import sys
 from pathlib import Path
 
@@ -277,23 +277,28 @@ def _no_such_option(arg: str) -> str:
     return f"no such option: {name}{hint}; options for the script go after it"
 
 
-# What a script that already runs distributed imports or calls.
-_DISTRIBUTED = re.compile(r"^\s*(import|from)\s+(distify|accelerate|lightning|deepspeed|horovod)\b"
-                          r"|torch\.distributed|init_process_group|DistributedDataParallel",
-                          re.MULTILINE)
-
-
 def _warn_if_not_distributed(script: str, num_processes: int) -> None:
+    """Warn when the script does not use ``torch.distributed`` (or distify, Accelerate, ...):
+    the same answer as ``convert``'s "already distributed" (an import left unused is no use)."""
     if num_processes < 2:
         return
     try:
-        text = Path(script).read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return
-    if not _DISTRIBUTED.search(text):
-        click.echo(f"distify: warning: {script} does not use torch.distributed (nor distify or "
-                   f"Accelerate): each of the {num_processes} processes will train on the full "
-                   f"data on its own; convert it first: distify convert {script}", err=True)
+        source = Path(script).read_bytes()
+        tree = ast.parse(source)
+    except (OSError, SyntaxError, ValueError, RecursionError):
+        return  # unreadable: the job's own error says more
+    from distify.analysis import parallelism
+    from distify.analysis.names import ImportMap
+    from distify.rules import default_rules
+
+    found = parallelism.find(tree, source, ImportMap.from_ast(tree), default_rules())
+    if found is None or found.imported_only:
+        imported = (f" (it {found.why} but never uses it)"
+                    if found is not None else "")
+        click.echo(f"distify: warning: {script} does not use torch.distributed, distify or "
+                   f"Accelerate{imported}: each of the {num_processes} processes will train "
+                   f"on the full data on its own; convert it first: distify convert {script}",
+                   err=True)
 
 
 def _check_gpus(cfg, source: str | None, *, from_option: bool, cpu_from_option: bool) -> None:

@@ -252,8 +252,14 @@ def load_config(path: str | os.PathLike) -> LaunchConfig:
 
 def dump_config(cfg: LaunchConfig) -> str:
     """The YAML text of ``cfg``: Accelerate's keys, sorted as ``accelerate config`` writes them."""
-    header = ("# Launch config for `distify launch` and `accelerate launch --config_file` "
-              "(Accelerate's schema).\n# Edit it, or write a new one with `distify config`.\n")
+    if cfg.distributed_type == "MULTI_CPU":
+        # Accelerate starts multi-CPU jobs only through mpirun: without it, one process.
+        header = ("# Launch config for `distify launch` (Accelerate's schema; `accelerate launch` "
+                  "runs a multi-CPU\n# config as one process unless given an mpirun hostfile).\n"
+                  "# Edit it, or write a new one with `distify config`.\n")
+    else:
+        header = ("# Launch config for `distify launch` and `accelerate launch --config_file` "
+                  "(Accelerate's schema).\n# Edit it, or write a new one with `distify config`.\n")
     return header + yaml.safe_dump(_file_mapping(cfg), sort_keys=True, default_flow_style=False)
 
 
