@@ -81,6 +81,8 @@ class _Loop:
     next_from_loader: bool = False
     #: ``if (i + 1) % accum == 0: optimizer.step()`` tests (gradient accumulation)
     step_tests: list[cst.BaseExpression] = field(default_factory=list)
+    #: what the ``if`` of a step test steps (``optimizer`` of ``optimizer.step()``)
+    step_receivers: list[str] = field(default_factory=list)
     targets: set[str] = field(default_factory=set)
 
 

@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import libcst as cst
 
 from distify.analysis.names import dotted_name
@@ -239,6 +241,13 @@ class LoopMixin(TransformerBase):
         test = loop.step_tests[0]
         if _names_in(test) & (loop.assigned - loop.targets):
             return loop_node  # the condition is computed inside the loop: leave it to a human
+        every_batch = Counter(_stepped(loop_node.body)) - Counter(loop.step_receivers)
+        if any(not _is_scheduler(name) for name in every_batch):
+            # Another optimizer steps on every batch (a critic beside a generator stepped every
+            # n-th, `if i % n_critic == 0: optimizer_G.step()`): not accumulation, and a skipped
+            # sync would leave the critic's gradients unaveraged. Averaging on every backward
+            # is always correct; only accumulation may skip it.
+            return loop_node
         sync = cst.SimpleStatementLine([cst.Expr(self._rt_call("sync_gradients",
                                                                _strip_parens(test)))])
         self._edit(sync, "accumulation", "gradient accumulation: gradients are synchronised "
@@ -249,6 +258,7 @@ class LoopMixin(TransformerBase):
     def visit_If(self, node: cst.If) -> None:
         if self._loops and _has_modulo(node.test) and _calls_method(node.body, "step"):
             self._loops[-1].step_tests.append(node.test)
+            self._loops[-1].step_receivers.extend(_stepped(node.body))
 
     def _is_exit(self, call: cst.Call) -> bool:
         return self.rules.match("process_exits", self._qual(call.func)) is not None
@@ -416,3 +426,25 @@ def _short(code: str, width: int = 40) -> str:
     """``code`` on one line, cut at ``width`` characters."""
     text = " ".join(code.split())
     return text if len(text) <= width else text[:width - 3] + "..."
+
+
+class _Steps(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.receivers: list[str] = []
+
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        if isinstance(func, cst.Attribute) and func.attr.value == "step":
+            self.receivers.append(dotted_name(func.value) or _code(func.value))
+
+
+def _stepped(node: cst.CSTNode) -> list[str]:
+    """The receivers of the ``.step()`` calls under ``node``, in order (with repeats)."""
+    visitor = _Steps()
+    node.visit(visitor)
+    return visitor.receivers
+
+
+def _is_scheduler(name: str) -> bool:
+    short = name.rsplit(".", 1)[-1].lower()
+    return "sched" in short or short.startswith("lr")
