@@ -23,7 +23,9 @@ SCRIPTS = REPO / "tests" / "runtime_scripts"
 UNSYNCED = SCRIPTS / "guard_unsynced.py"
 MISMATCH = SCRIPTS / "guard_mismatch.py"
 #: short, so that a check that does not work fails the test quickly instead of hanging it
-TIMEOUT_S = 20
+# The jobs must end well inside the collective timeout (a hang would last it out); 40 s leaves
+# room for a loaded 2-core machine, where these 2-3 s jobs have taken 12 s.
+TIMEOUT_S = 40
 NO_FORWARD = ("DistifyError: distify.backward: no prepared model ran a training forward since "
               "the last backward, so these gradients are not averaged across the 2 processes")
 
