@@ -170,7 +170,7 @@ def test_prepare_passes_none_through() -> None:
 # processes (identical replicas, distinct data per rank, only rank 0 printed).
 PLANS = {"optimizer_by_flag": Plan(), "manual_sgd_or_optimizer": Plan(),
          "helper_returns_several": Plan(), "optimizer_none_on_a_path": Plan(),
-         "gan_n_critic": Plan()}
+         "gan_n_critic": Plan(), "loader_views": Plan()}
 
 
 @pytest.fixture(scope="module")
@@ -185,6 +185,14 @@ def test_conversion_runs_as_the_original_on_one_process_and_together_on_two(runs
     assert one.stdout == original.stdout
     if name == "gan_n_critic":  # it prints a per-process batch count: half as many batches
         assert len(two.stdout.splitlines()) == len(original.stdout.splitlines())
+    elif name == "loader_views":  # the same counts; before training, the same accuracy
+        def lines(proc):
+            return [line for line in proc.stdout.splitlines()
+                    if "train samples" in line or "before training" in line]
+
+        assert lines(two) == lines(original)
+        assert [line.rsplit(" over ", 1)[1] for line in two.stdout.splitlines()
+                if " over " in line] == ["45"] * 4
     else:
         assert two.stdout == original.stdout  # only rank 0 printed, the same lines
 
@@ -207,3 +215,11 @@ def test_launch_warns_about_a_script_that_imports_torch_distributed_unused(tmp_p
     converted = tmp_path / "train_dist.py"
     converted.write_bytes(convert_source(UNUSED_IMPORT.read_bytes(), "train.py").output)
     assert "warning" not in dry_run(converted)
+
+
+def test_loops_over_views_of_a_loader_reduce_their_sums_and_say_nothing_false() -> None:
+    result = convert_source((LONG_TAIL / "loader_views.in.py").read_bytes(), "t.py")
+    out = result.output.decode()
+    for name in ("correct", "seen", "running_loss", "samples", "loss_sum", "counted"):
+        assert f"{name} = distify.reduce({name})" in out, name
+    assert not [n for n in result.notes if "not fed by a DataLoader" in n.message]

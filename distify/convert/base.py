@@ -51,6 +51,8 @@ class _Scope:
     training_states: set[str] = field(default_factory=set)
     #: iterators over a DataLoader built here (``batches = iter(train_loader)``)
     loader_iters: set[str] = field(default_factory=set)
+    #: names bound to a view of a loader (``bar = tqdm(train_loader)``) → the loader's name
+    loader_views: dict[str, str] = field(default_factory=dict)
 
 
 #: what preparing a model does on several processes (the report's words)
@@ -308,6 +310,30 @@ class TransformerBase(cst.CSTTransformer):
             return "loader" in node.attr.value.lower()
         return False
 
+    def _note_loader_view(self, names: list[str] | set[str], value: cst.BaseExpression) -> None:
+        """``bar = tqdm(train_loader)``, ``it = iter(loader)``, ``with tqdm(loader) as bar``: the
+        names are views of the loader, and a loop over one is a loop over the loader."""
+        if isinstance(value, cst.Call) and self._qual(value.func) in _LOOP_WRAPPERS \
+                and self._loaderish(value):
+            inner = value
+            while isinstance(inner, cst.Call) and inner.args \
+                    and self._qual(inner.func) in _LOOP_WRAPPERS:
+                inner = inner.args[0].value
+            source = dotted_name(inner)
+            self._scope.loaders.update(names)
+            if source is not None:
+                self._scope.loader_views.update(dict.fromkeys(names, source))
+
+    def _loader_behind(self, name: str | None) -> str | None:
+        """The loader a view (``bar = tqdm(train_loader)``) shows, else ``name``."""
+        for _ in range(8):  # views of views: `it = iter(enumerate(bar))`
+            source = next((scope.loader_views[name] for scope in reversed(self._scopes)
+                           if name in scope.loader_views), None)
+            if source is None:
+                return name
+            name = source
+        return name
+
     def _iterates_a_loader(self, node: cst.BaseExpression) -> bool:
         """``iter(train_loader)``: an iterator over a DataLoader."""
         return (isinstance(node, cst.Call) and dotted_name(node.func) == "iter"
@@ -381,6 +407,7 @@ class TransformerBase(cst.CSTTransformer):
             self._scope.training_states.update(names)
         if self._iterates_a_loader(value):
             self._scope.loader_iters.update(names)
+        self._note_loader_view(names, value)
         if isinstance(value, cst.Call) and self._qual(value.func) in MEMORY_FILES:
             self._scope.buffers.update(names)
         if isinstance(value, cst.Call) and (dotted_name(value.func) or "").endswith("Meter"):

@@ -76,8 +76,14 @@ class LoopMixin(TransformerBase):
 
     def visit_For(self, node: cst.For) -> None:
         self._loops.append(_Loop(loaderish=self._loaderish(node.iter),
-                                 targets=_names_in(node.target), loader=_loader_name(node.iter),
+                                 targets=_names_in(node.target),
+                                 loader=self._loader_behind(_loader_name(node.iter)),
                                  index=_enumerate_index(node)))
+
+    def visit_WithItem(self, node: cst.WithItem) -> None:
+        """``with tqdm(test_loader) as pbar:``: ``pbar`` is a view of the loader."""
+        if isinstance(node.asname, cst.AsName) and isinstance(node.asname.name, cst.Name):
+            self._note_loader_view([node.asname.name.value], node.item)
 
     def leave_For(self, original: cst.For, updated: cst.For):
         loop = self._loops[-1]
@@ -86,7 +92,7 @@ class LoopMixin(TransformerBase):
         self._loops.pop()
         if loop.has_backward and len(loop.step_tests) == 1:
             updated = self._sync_on_step(updated, loop)
-        if not loop.loaderish:
+        if not (loop.loaderish or loop.next_from_loader):  # `x, y = next(batches)` feeds one
             return updated
         evaluating = self._in_eval() and not loop.has_backward
         if not evaluating and not loop.has_backward:
