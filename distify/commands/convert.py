@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import re
 import shlex
+import stat
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -172,6 +173,9 @@ def _refuse_to_clobber(item: Planned) -> None:
     and at least half its lines are in the new output: the script was edited since)."""
     target = item.target
     try:
+        if not stat.S_ISREG(target.stat().st_mode):
+            return  # a named pipe or a device (-o /dev/null) holds nothing to lose; reading
+            # a pipe would block until a writer came
         old = target.read_bytes()
     except FileNotFoundError:
         return

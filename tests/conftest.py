@@ -1,0 +1,43 @@
+"""Suite-wide guard: a test that hangs fails on its own, with the place it hung, instead of
+holding the whole suite until CI's wall-clock limit kills it with no name attached.
+
+The limit is generous (tests that launch jobs bound their own children far below it); set
+``DISTIFY_TEST_TIMEOUT`` (seconds, 0 turns the guard off) to change it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import pytest
+
+LIMIT_S = int(os.environ.get("DISTIFY_TEST_TIMEOUT", "600"))
+
+
+class TestHung(BaseException):
+    """Raised in the test's own frame when it runs past the limit; a BaseException, so that
+    the code under test (a CLI that turns errors into exit codes) cannot swallow it."""
+
+    __test__ = False  # not a test class, whatever its name
+
+
+@pytest.fixture(autouse=True)
+def _hang_guard(request: pytest.FixtureRequest):
+    usable = (LIMIT_S > 0 and hasattr(signal, "SIGALRM")
+              and threading.current_thread() is threading.main_thread())
+    if not usable:
+        yield
+        return
+
+    def expire(signum, frame):
+        raise TestHung(f"{request.node.nodeid} ran past {LIMIT_S} s (DISTIFY_TEST_TIMEOUT)")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(LIMIT_S)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
