@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 
+from distify.convert.notebook import NotebookResult, convert_notebook
 from distify.convert.project import (
     STANDALONE_RUNTIME,
     ConfigOutcome,
@@ -35,6 +36,7 @@ from distify.convert.report import (
 from distify.errors import UserError
 from distify.fsutil import resolved
 from distify.lint.config import load_config as load_project_config
+from distify.notebook import is_notebook, place
 from distify.rules import RuleSet, load_rules
 
 EXAMPLES = """\b
@@ -45,6 +47,8 @@ Examples:
   distify convert train.py --check            # exit 1 if the file would change (CI)
   distify convert train.py -v                 # every changed line, even 300 identical ones
   distify convert src/ -o src_dist/           # a whole project, with its launch config
+  distify convert nb.ipynb                    # nb_dist.ipynb: code converted, outputs cleared
+  distify convert nb.ipynb -o nb_dist.py      # a notebook's code cells as one script
 """
 
 
@@ -101,7 +105,10 @@ def convert(path: Path, output: Path | None, show_diff: bool, check_only: bool, 
         _check(converted)
     if show_diff:
         for item in converted:
-            click.echo(colour_diff(unified_diff(item.result, str(_display(item)))), nl=False)
+            diff = item.result.cell_diff(str(_display(item))) \
+                if isinstance(item.result, NotebookResult) else \
+                unified_diff(item.result, str(_display(item)))
+            click.echo(colour_diff(diff), nl=False)
         # stdout stays a diff that `patch` and `git apply` read; the report goes to stderr
         _report(converted, as_json, None, verbose=verbose, err=True)
         return
@@ -134,6 +141,8 @@ def _plan(path: Path, output: Path | None, rules: RuleSet, runtime_module: str, 
         out = _project_output(path, output) if to_output else None
         return plan_project(path, out, rules, runtime_module, progress=_progress), out
     target = _file_output(path, output) if to_output else path
+    if is_notebook(path):  # JSON, never parsed as Python; a notebook or a script comes out
+        return [Planned(path, target, convert_notebook(path, target, rules, runtime_module))], None
     return [Planned(path, target, convert_file(path, rules, runtime_module))], None
 
 
@@ -182,6 +191,8 @@ def _refuse_to_clobber(item: Planned) -> None:
     except OSError:
         return  # not readable (a folder, a loop): the write reports it
     new = item.result.output
+    if isinstance(item.result, NotebookResult):  # compare the code, as scripts
+        old, new = item.result.comparable(old), item.result.script_after.encode()
     if old in (new, item.result.source) or (_RUNTIME_IMPORT.search(old) and difflib.SequenceMatcher(
             None, old.splitlines(), new.splitlines()).ratio() >= _SAME_SCRIPT):
         return
@@ -240,9 +251,11 @@ def _report(converted: list[Planned], as_json: bool, config: ConfigOutcome | Non
                 and not item.result.notes:
             continue  # a distributed file is listed: the report says why it was left alone
         why = f"-o {item.target} writes a copy anyway" if item in unwritten else None
-        click.echo(text_report(item.result, str(_display(item)),
-                               launch_hint=hint if single else None, verbose=verbose,
-                               not_written=why), err=err)
+        result, name = item.result, str(_display(item))
+        where = place(name, result.script_after, notebook=result.to_notebook) \
+            if isinstance(result, NotebookResult) else None
+        click.echo(text_report(result, name, launch_hint=hint if single else None,
+                               verbose=verbose, not_written=why, place=where), err=err)
     if launch and not single:
         click.echo(launch_line(launch[0], ready=launch[1]), err=err)
     if config:

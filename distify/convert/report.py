@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 import difflib
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import click
 
@@ -62,7 +62,8 @@ SUMMARY_LINES = 5
 
 
 def text_report(result: FileResult, output_name: str, *, launch_hint: str | None,
-                verbose: bool = False, not_written: str | None = None) -> str:
+                verbose: bool = False, not_written: str | None = None,
+                place: Callable[[int], str] | None = None) -> str:
     """The report printed after a conversion: changes, places to check, batch, launch.
 
     Args:
@@ -72,6 +73,8 @@ def text_report(result: FileResult, output_name: str, *, launch_hint: str | None
         verbose: one line per change, even for many identical ones.
         not_written: why an unchanged file's output was not written (None: it was, or it is
             the input).
+        place: names a line of the output (a notebook's ``nb_dist.ipynb: cell 7, line 3``);
+            by default ``output_name:line``.
     """
     lines: list[str] = []
     if result.status != "converted":
@@ -82,16 +85,17 @@ def text_report(result: FileResult, output_name: str, *, launch_hint: str | None
     else:
         arrow = f" → {output_name}" if output_name != result.path else ""
         lines.append(f"{result.path}{arrow}: {len(result.changes)} change(s)")
-        lines.extend(_change_lines(result.changes, output_name, verbose))
+        lines.extend(_change_lines(result.changes, output_name, verbose, place))
+    where = place or (lambda line: f"{output_name}:{line}")
     if result.notes:  # never summarised: each one needs a look
         lines.append("Needs a human look:")
         for item in result.notes:
-            lines.append(f"  {output_name}:{item.line}: {item.message}")
+            lines.append(f"  {where(item.line)}: {item.message}")
     if result.batch_sizes:
         sizes = ", ".join(result.batch_sizes)
         lines.append(f"Batch size: {sizes} is now per process; on N processes the global batch "
                      "is N × that (scale the learning rate if you need to).")
-        lines.extend(_progress_note(result, output_name))
+        lines.extend(_progress_note(result, output_name, where))
     if launch_hint and result.status == "converted":
         lines.append(launch_line(launch_hint, ready=result.ready))
     return "\n".join(lines)
@@ -105,7 +109,8 @@ def launch_line(launch_hint: str, *, ready: bool) -> str:
             f"above). Once it is: {launch_hint}")
 
 
-def _change_lines(changes: tuple[Item, ...], output_name: str, verbose: bool) -> list[str]:
+def _change_lines(changes: tuple[Item, ...], output_name: str, verbose: bool,
+                  place: Callable[[int], str] | None = None) -> list[str]:
     """One line per change; the same change on many lines (300 prints) as one line with the
     first few line numbers."""
     by_message: dict[str, list[int]] = {}
@@ -114,29 +119,35 @@ def _change_lines(changes: tuple[Item, ...], output_name: str, verbose: bool) ->
         if item.line not in numbers:
             numbers.append(item.line)
     lines, done, hidden = [], set(), False
+    where = place or (lambda line: f"{output_name}:{line}")
     for item in changes:
         numbers = by_message[item.message]
         if verbose or len(numbers) < SUMMARY_MIN:
-            lines.append(f"  {output_name}:{item.line}: {item.message}")
+            lines.append(f"  {where(item.line)}: {item.message}")
         elif item.message not in done:
             done.add(item.message)
             more = len(numbers) > SUMMARY_LINES
             hidden = hidden or more
-            shown = ", ".join(map(str, numbers[:SUMMARY_LINES])) + (", ..." if more else "")
+            shown = (", ".join(map(str, numbers[:SUMMARY_LINES])) if place is None else
+                     "; ".join(place(n) for n in numbers[:SUMMARY_LINES])) + \
+                (", ..." if more else "")
             lines.append(f"  {output_name}: {item.message}: {len(numbers)} lines ({shown})")
     if hidden:
         lines.append("  (--verbose lists every line)")
     return lines
 
 
-def _progress_note(result: FileResult, output_name: str) -> list[str]:
+def _progress_note(result: FileResult, output_name: str,
+                   where: Callable[[int], str]) -> list[str]:
     """Progress lines like ``Train Epoch: 1 [640/60000]``: printed by the main process inside
     ``for i, batch in enumerate(loader)``, they count that process's share of the data set."""
+    script = getattr(result, "script_after", None)  # a notebook's converted cells
+    output = result.output if script is None else script.encode()
     printing = f"{result.runtime_name}.print(".encode()
-    if printing not in result.output:
+    if printing not in output:
         return []
     found: dict[int, bool] = {}  # line → counts samples (the counter is multiplied)
-    for loop in ast.walk(ast.parse(result.output)):
+    for loop in ast.walk(ast.parse(output)):
         counter, loader = _enumerated(loop)
         if counter is None:
             continue
@@ -146,9 +157,9 @@ def _progress_note(result: FileResult, output_name: str) -> list[str]:
                 found[node.lineno] = found.get(node.lineno, False) or _multiplied(node, counter)
     if not found:
         return []
-    where = ", ".join(f"{output_name}:{line}" for line in sorted(found))
+    places = ", ".join(where(line) for line in sorted(found))
     what = "samples" if all(found.values()) else "batches"
-    return [f"Progress lines ({where}) count the main process's own {what}; on N processes "
+    return [f"Progress lines ({places}) count the main process's own {what}; on N processes "
             "the global count is N × that."]
 
 
