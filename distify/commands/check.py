@@ -26,6 +26,7 @@ Examples:
   distify check . --select DST1 --ignore DST104
   distify check . --output-format sarif > distify.sarif
   distify check --explain DST101             # a rule's full documentation and examples
+  distify check nb_dist.ipynb                # a notebook: findings by cell and line
 
 \b
 Exit status: 0 clean, 1 findings (or a file that does not parse), 2 usage or internal error.
@@ -63,7 +64,8 @@ def check(paths, fix, diff, select, ignore, output_format, check_all, jobs, rule
     or a distributed API are skipped unread; only distributed scripts (torch.distributed, DDP,
     Accelerate, Lightning, the distify runtime) are checked unless --all is given. Findings go
     to stdout as `path:line:col: DSTxxx message`, `[*]` marking those --fix can fix; a summary
-    goes to stderr.
+    goes to stderr. Notebooks (.ipynb) are checked by their code cells, as one script:
+    `nb.ipynb:cell 7:3:1: DSTxxx message` (--fix leaves notebooks alone).
     """
     from distify.lint.cli import CheckRequest, run_check
 

@@ -17,7 +17,7 @@ DEFAULT_EXCLUDES = frozenset({
     ".git", ".hg", ".svn", ".venv", "venv", ".tox", ".nox", "__pycache__", "build", "dist",
     "node_modules", ".eggs", ".mypy_cache", ".ruff_cache", ".pytest_cache", "site-packages",
 })
-SUFFIXES = (".py", ".pyi")
+SUFFIXES = (".py", ".pyi", ".ipynb")
 
 
 def discover(paths: Sequence[str], exclude: Sequence[str] = (),

@@ -29,7 +29,8 @@ class Fix:
 
 @dataclass(frozen=True)
 class Finding:
-    """One problem at ``path:line:col`` (1-based; ``col`` counts characters)."""
+    """One problem at ``path:line:col`` (1-based; ``col`` counts characters); in a notebook,
+    ``cell`` is its cell (1-based, over all cells) and ``line`` a line of that cell."""
 
     path: str
     line: int
@@ -39,13 +40,14 @@ class Finding:
     code: str
     message: str
     fix: Fix | None = None
+    cell: int = 0
 
     @property
     def fixable(self) -> bool:
         return self.fix is not None
 
     def sort_key(self) -> tuple:
-        return (self.path, self.line, self.col, self.code)
+        return (self.path, self.cell, self.line, self.col, self.code)
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,14 @@ def render(findings: Sequence[Finding], fmt: str) -> str:
 
 def concise_line(finding: Finding) -> str:
     mark = " [*]" if finding.fixable else ""
-    return (f"{finding.path}:{finding.line}:{finding.col}: {finding.code}{mark} "
+    cell = f"cell {finding.cell}:" if finding.cell else ""  # as ruff names a notebook's cells
+    return (f"{finding.path}:{cell}{finding.line}:{finding.col}: {finding.code}{mark} "
             f"{finding.message}")
+
+
+def _message(finding: Finding) -> str:
+    """The message, led by its notebook cell where the format has no place for one."""
+    return f"cell {finding.cell}: {finding.message}" if finding.cell else finding.message
 
 
 def _concise(findings: Sequence[Finding]) -> str:
@@ -30,6 +36,7 @@ def _concise(findings: Sequence[Finding]) -> str:
 def _json(findings: Sequence[Finding]) -> str:
     rows = [{
         "code": finding.code, "message": finding.message, "filename": finding.path,
+        **({"cell": finding.cell} if finding.cell else {}),
         "location": {"row": finding.line, "column": finding.col},
         "end_location": {"row": finding.end_line, "column": finding.end_col},
         "fixable": finding.fixable,
@@ -40,7 +47,7 @@ def _json(findings: Sequence[Finding]) -> str:
 def _github(findings: Sequence[Finding]) -> str:
     lines = []
     for finding in findings:
-        message = finding.message.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+        message = _message(finding).replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
         lines.append(
             f"::error title=distify ({finding.code}),file={finding.path},line={finding.line},"
             f"col={finding.col},endLine={finding.end_line},endColumn={finding.end_col}"
@@ -60,7 +67,7 @@ def _sarif(findings: Sequence[Finding]) -> str:
             "fullDescription": {"text": " ".join((cls.__doc__ or "").split())},
         })
     results = [{
-        "ruleId": finding.code, "level": "error", "message": {"text": finding.message},
+        "ruleId": finding.code, "level": "error", "message": {"text": _message(finding)},
         "locations": [{"physicalLocation": {
             "artifactLocation": {"uri": Path(finding.path).as_posix()},
             "region": {"startLine": finding.line, "startColumn": finding.col,

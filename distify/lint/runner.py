@@ -14,9 +14,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from distify.analysis.project import imported_by_parallel
+from distify.errors import UserError
 from distify.fsutil import SYMLINK_LOOP, atomic_write_bytes, on_deep_stack, too_deep
 from distify.lint.engine import LintOptions, lint_source
 from distify.lint.model import PARSE_ERROR, FileResult, Finding
+from distify.notebook import cell_of, is_notebook, parse_notebook, to_script
 
 #: Below this many files one process is faster than starting workers.
 PARALLEL_MIN_FILES = 16
@@ -34,6 +36,14 @@ def check_file(path: str, options: LintOptions) -> FileResult:
         return FileResult(path, (Finding(path, 1, 1, 1, 1, PARSE_ERROR, message),))
     if options.prefilter is not None and not options.prefilter.search(source):
         return FileResult(path, skipped="no torch")
+    if is_notebook(path):
+        return _check_notebook(source, path, options)
+    return check_file_source(source, path, options)
+
+
+def check_file_source(source: bytes, path: str, options: LintOptions) -> FileResult:
+    """Check one file's source (a parse error is a finding; a tree too deep for the usual
+    recursion limit is checked again on a big stack)."""
     try:
         return lint_source(source, path, options)
     except RecursionError:  # a sum of thousands of terms: again, on a big stack
@@ -44,6 +54,27 @@ def check_file(path: str, options: LintOptions) -> FileResult:
         error = too_deep(source, path)
         return FileResult(path, (Finding(path, error.line, 1, error.line, 1, PARSE_ERROR,
                                          error.message),))
+
+
+def _check_notebook(source: bytes, path: str, options: LintOptions) -> FileResult:
+    """A notebook's code cells, checked as one script; findings placed by cell and line.
+    Fixes are dropped: ``--fix`` edits Python files, never a notebook's JSON."""
+    try:
+        script = to_script(parse_notebook(source, path)).text
+    except UserError as err:
+        return FileResult(path, (Finding(path, err.line or 1, err.col or 1, err.line or 1,
+                                         err.col or 1, PARSE_ERROR, err.message),))
+    result = check_file_source(script.encode("utf-8"), path, options)
+    findings = []
+    for finding in result.findings:
+        found = cell_of(script, finding.line)
+        if found is None:
+            findings.append(replace(finding, fix=None))
+            continue
+        shift = finding.line - found[1]
+        findings.append(replace(finding, cell=found[0], line=found[1],
+                                end_line=max(finding.end_line - shift, found[1]), fix=None))
+    return replace(result, findings=tuple(findings))
 
 
 def check_files(paths: Sequence[str], options: LintOptions, jobs: int = 0) -> list[FileResult]:
