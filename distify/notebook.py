@@ -496,10 +496,10 @@ def place(output_name: str, script: str, *, notebook: bool) -> Callable[[int], s
     return where
 
 
-def script_for_run(path: str | Path) -> str:
-    """The notebook's cells as a script to run (``distify launch``).
-
-    Raises:
-        UserError: not a valid nbformat 4 notebook.
-    """
-    return to_script(read_notebook(path)).text
+def in_cells(err: UserError, script: str) -> UserError:
+    """An error at a line of the script, placed at its cell and line instead."""
+    found = cell_of(script, err.line) if err.line else None
+    if found is None:
+        return err
+    col = f", column {err.col}" if err.col else ""
+    return UserError(f"cell {found[0]}, line {found[1]}{col}: {err.message}", path=err.path)

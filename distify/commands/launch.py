@@ -154,19 +154,32 @@ def launch(config_file: str | None, script: str, script_args: tuple[str, ...], d
         raise UserError(_no_such_option(script))
     if not Path(script).is_file():
         raise UserError("script not found", path=script)
+    from distify.notebook import is_notebook
+
+    notebook = script if is_notebook(script) else None
+    if notebook and (dry_run or slurm):
+        raise UserError("--dry-run and --slurm print a command for a script: convert the "
+                        f"notebook to one first: distify convert {notebook} -o NAME.py",
+                        path=notebook)
     source, found_as = find_config(script, config_file)
     cfg = load_config(source) if source else default_config()
     if slurm:
         _print_slurm(cfg, source, script, script_args, overrides)
         return
     cfg = with_overrides(cfg, **overrides)
+    if notebook:  # its code cells, as a script beside it, removed when the launch ends
+        from distify.launch.notebook import write_script
+
+        script = write_script(notebook)
+        click.get_current_context().call_on_close(
+            lambda written=Path(script): written.unlink(missing_ok=True))
     _check_syntax(script)
     gpu_ids_option = overrides.get("gpu_ids") is not None
     if gpu_ids_option or not dry_run:
         # a config's gpu_ids may be meant for another machine: --dry-run shows it anyway
         _check_gpus(cfg, source, from_option=gpu_ids_option,
                     cpu_from_option=bool(overrides.get("use_cpu")))
-    _warn_if_not_distributed(script, cfg.num_processes)
+    _warn_if_not_distributed(script, cfg.num_processes, shown=notebook)
 
     from distify.launch.torchrun import (
         build_plan,
@@ -194,13 +207,16 @@ def launch(config_file: str | None, script: str, script_args: tuple[str, ...], d
         waiting = (f"waiting for the main machine {cfg.main_process_ip}:{cfg.main_process_port} "
                    "(machine_rank 0) to start its job; it keeps waiting (Ctrl-C to stop)")
     result = run_plan(plan, waiting_notice=waiting)
+    if notebook:
+        from distify.launch.notebook import in_notebook
+    named = (lambda line: in_notebook(line, script, notebook)) if notebook else str
     if result.interrupted:
         for line in interrupt_summary(result, script):
-            click.echo(f"distify: {line}", err=True)
+            click.echo(f"distify: {named(line)}", err=True)
         click.echo(f"distify: interrupted; the job's stderr is in {result.log}", err=True)
     elif result.code:
         for line in failure_summary(result, script):
-            click.echo(f"distify: {line}", err=True)
+            click.echo(f"distify: {named(line)}", err=True)
     click.get_current_context().exit(job_exit_code(result))
 
 
@@ -277,9 +293,10 @@ def _no_such_option(arg: str) -> str:
     return f"no such option: {name}{hint}; options for the script go after it"
 
 
-def _warn_if_not_distributed(script: str, num_processes: int) -> None:
+def _warn_if_not_distributed(script: str, num_processes: int, shown: str | None = None) -> None:
     """Warn when the script does not use ``torch.distributed`` (or distify, Accelerate, ...):
-    the same answer as ``convert``'s "already distributed" (an import left unused is no use)."""
+    the same answer as ``convert``'s "already distributed" (an import left unused is no use).
+    ``shown``: the name the user gave (a notebook whose cells ``script`` holds)."""
     if num_processes < 2:
         return
     try:
@@ -295,9 +312,10 @@ def _warn_if_not_distributed(script: str, num_processes: int) -> None:
     if found is None or found.imported_only:
         imported = (f" (it {found.why} but never uses it)"
                     if found is not None else "")
-        click.echo(f"distify: warning: {script} does not use torch.distributed, distify or "
+        name = shown or script
+        click.echo(f"distify: warning: {name} does not use torch.distributed, distify or "
                    f"Accelerate{imported}: each of the {num_processes} processes will train "
-                   f"on the full data on its own; convert it first: distify convert {script}",
+                   f"on the full data on its own; convert it first: distify convert {name}",
                    err=True)
 
 

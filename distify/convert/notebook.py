@@ -20,6 +20,7 @@ from distify.notebook import (
     cell_diff,
     cell_of,
     cell_sources,
+    in_cells,
     is_notebook,
     line_map,
     notebook_bytes,
@@ -120,12 +121,3 @@ def _in_cells(text: str, script: str) -> str:
         found = cell_of(script, int(match.group(1)))
         return f"cell {found[0]}, line {found[1]}" if found else match.group(0)
     return re.sub(r"\bline (\d+)", cell, text)
-
-
-def in_cells(err: UserError, script: str) -> UserError:
-    """An error at a line of the script, placed at its cell and line instead."""
-    found = cell_of(script, err.line) if err.line else None
-    if found is None:
-        return err
-    col = f", column {err.col}" if err.col else ""
-    return UserError(f"cell {found[0]}, line {found[1]}{col}: {err.message}", path=err.path)
