@@ -158,6 +158,13 @@ def test_convert_to_a_notebook_keeps_markdown_and_metadata_and_clears_outputs(tm
     assert code[3] == "".join(source["cells"][3]["source"])  # an untouched cell, as it was
 
 
+def test_json_report_places_items_in_cells(tmp_path):
+    result = run("convert", str(COURSE), "-o", str(tmp_path / "nb.ipynb"), "--json")
+    report = json.loads(result.stdout)["files"][0]
+    save = [item for item in report["changes"] if item["message"].startswith("torch.save")]
+    assert [(i["line"], i["cell"], i["cell_line"]) for i in save] == [(71, 9, 1)]
+
+
 def test_the_notebook_and_the_script_hold_the_same_code(tmp_path):
     """What `distify launch nb_dist.ipynb` runs is what `-o nb_dist.py` writes."""
     assert run("convert", str(COURSE), "-o", str(tmp_path / "a.ipynb"), "--no-config"

@@ -11,6 +11,7 @@ import click
 
 from distify.convert.engine import FileResult, Item
 from distify.convert.project import ConfigOutcome
+from distify.notebook import cell_of
 
 
 def _text(data: bytes) -> str:
@@ -223,13 +224,14 @@ def json_report(results: Iterable[tuple[FileResult, str | None]], *, launch_hint
     """The report as JSON; an output of None is one that was not written (unchanged)."""
     files = []
     for result, output_name in results:
+        script = getattr(result, "script_after", None)  # a notebook: items name their cell too
         files.append({
             "path": result.path,
             "output": output_name,
             "status": result.status,
             "reason": result.reason,
-            "changes": [_item(i) for i in result.changes],
-            "needs_human": [_item(i) for i in result.notes],
+            "changes": [_item(i, script) for i in result.changes],
+            "needs_human": [_item(i, script) for i in result.notes],
             "batch_sizes": list(result.batch_sizes),
             "ready": result.ready,
         })
@@ -238,5 +240,9 @@ def json_report(results: Iterable[tuple[FileResult, str | None]], *, launch_hint
                        "launch_config": launch_config}, indent=2)
 
 
-def _item(item) -> dict:
-    return {"line": item.line, "kind": item.kind, "message": item.message}
+def _item(item, script: str | None = None) -> dict:
+    """One change or note; for a notebook, ``line`` is a line of its code cells as one script
+    (``-o nb.py``), and ``cell`` / ``cell_line`` place it in the notebook."""
+    found = cell_of(script, item.line) if script is not None else None
+    where = {"cell": found[0], "cell_line": found[1]} if found else {}
+    return {"line": item.line, **where, "kind": item.kind, "message": item.message}
