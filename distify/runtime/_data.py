@@ -53,7 +53,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler, SequentialSampler
 
-from . import _debug, _model, _objects, _random, _state, _strategy, _stream
+from . import _debug, _model, _objects, _random, _replicas, _state, _strategy, _stream
 from ._tree import map_tensors, tensors_in
 
 #: units per broadcast of the shuffled order (rounded to a whole number of global batches)
@@ -126,6 +126,7 @@ class PreparedDataLoader:
                 self._done += 1
             _random.restore(now, self._original.generator)
         padding = _state.current().part(_Padding)
+        trained = _replicas.forwards()
         try:
             for batch, repeated in batches:
                 padding.repeated = repeated
@@ -134,6 +135,7 @@ class PreparedDataLoader:
             self._finished = True
         finally:
             padding.repeated = 0
+        _replicas.epoch_ended(trained)  # compare the replicas if a model trained on it
 
     def position(self) -> Position:
         """Where this loader is: epochs started, batches given in the current one (and whether

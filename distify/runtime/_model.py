@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DataParallel, DistributedDataParallel
 
-from . import _buffers, _ddp, _precision, _same_data, _state, _strategy
+from . import _buffers, _ddp, _precision, _replicas, _same_data, _state, _strategy
 from ._strategy import DistributedModel
 from ._subclass import (
     PicklesAsOriginal,
@@ -108,6 +108,15 @@ class _PreparedModelMixin(PicklesAsOriginal):
                 _warn_if_training_in_eval(state)
                 outputs = super().__call__(*args, **kwargs)
         return _precision.finish_outputs(outputs)
+
+    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        # .to(), .cpu(), .half(), ... (checkpointing code moves a model and back): the
+        # strategy re-attaches what the move detached, or refuses to train where it is now.
+        result = super()._apply(fn, *args, **kwargs)
+        state = private_state(self)
+        if state is not None and state.distributed is not None:
+            state.distributed.after_move()
+        return result
 
     def state_dict(self, *args: Any, **kwargs: Any) -> Any:
         own = super().state_dict(*args, **kwargs)
@@ -243,6 +252,12 @@ def synced_modules() -> list[SyncedModule]:
     return sorted(_book().synced.values(), key=lambda module: module.order)
 
 
+def synced_models() -> list[tuple[nn.Module, SyncedModule]]:
+    """The modules whose gradients are synchronised, each with its key (the prepared model,
+    or the user's DDP), in the order they were prepared."""
+    return sorted(_book().synced.items(), key=lambda item: item[1].order)
+
+
 def parameter_name(param: torch.Tensor) -> str | None:
     """``Class.name`` of ``param`` in a prepared model, if it belongs to one."""
     for model in list(_book().models):
@@ -334,6 +349,7 @@ def _training_forward(state: _ModelState, args: tuple, kwargs: dict) -> Any:
         state.inside = False
     if state.buffers is not None:
         state.buffers.broadcast_from_main()
+    _replicas.after_training_forward()
     return outputs
 
 

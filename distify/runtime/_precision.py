@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from . import _guard, _progress, _state, _strategy
+from . import _guard, _progress, _replicas, _state, _strategy
 from ._errors import DistifyError
 from ._subclass import PicklesAsOriginal, swap_class
 from ._tree import map_tensors, tensors_in
@@ -152,6 +152,7 @@ def prepare_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer
         _route_step_through_scaler(optimizer)
     if _state.world_size() > 1:
         _guard.watch_optimizer(optimizer)
+        _replicas.watch_optimizer(optimizer)
     part.optimizers.add(optimizer)
     return optimizer
 

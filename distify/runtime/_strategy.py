@@ -67,6 +67,10 @@ class DistributedModel:
         """What the prepared model's ``load_state_dict`` hands to the module's own."""
         return state_dict
 
+    def after_move(self) -> None:
+        """After the prepared model was moved or cast (``.to()``, ``.cpu()``, ``.half()``...):
+        keep synchronising its gradients, or make its next training forward refuse to run."""
+
     def release(self) -> None:
         """Let go of what holds the process group (at a normal exit)."""
 

@@ -1,0 +1,214 @@
+"""Replica checks: with more than one process, the ranks compare their models, always.
+
+Under DDP every rank must hold bit-identical weights after every optimizer step. A script can
+break that without any error (a step skipped on a loss spike by one rank, a model moved after
+``prepare``, an optimizer stepped on some ranks only, an in-place edit on one rank), and the
+job would train on for days with replicas drifting apart. So the runtime compares them:
+
+- at the end of each epoch of a prepared DataLoader during which a prepared model trained
+  (every rank reaches it: the training shards have equal lengths);
+- and every ``K`` training forwards through a prepared model since the last check (``K`` =
+  ``DISTIFY_REPLICA_CHECK_EVERY``, default :data:`DEFAULT_EVERY`), for loops without epochs.
+  Training forwards, not optimizer steps, are counted: every rank makes the same number of
+  them (DDP's gradient all-reduce pairs them up), while the optimizer steps are what may differ.
+  The check runs right after the forward and the broadcast of the main process's buffers.
+
+A check is one checksum per tensor (its bytes read as integers and summed with wrap-around,
+so the sum is exact and independent of the order of summation; no copy of the tensor is made)
+and one ``all_reduce(MAX)`` of ``[sums, -sums]``: a tensor differs somewhere exactly when its
+maximum and minimum over the ranks differ, and every rank learns which one is first. Only
+then are the ranks' sums and optimizer step counts gathered, to name the ranks in the error.
+
+What is compared: the parameters of models under DDP (every rank holds all of them), and the
+buffers the runtime keeps in sync (the training-mode modules' buffers, broadcast from the main
+process after each training forward: see ``_buffers``). Under FSDP each rank holds its own
+shard of the parameters, whose checksums are not comparable, so only those buffers are.
+
+``DISTIFY_REPLICA_CHECK=0`` turns the checks off. Debug mode (``DISTIFY_DEBUG=1``) keeps its own
+comparison before every N-th backward on top. What it deliberately does not do: detect two
+elements of one tensor swapped (a sum is blind to order), or check in a single process.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from . import _debug, _model, _objects, _state, _strategy
+from ._errors import DistifyError
+from ._subclass import private_state
+
+#: training forwards between two checks; see benchmarks/results/runtime.md for how it was chosen
+DEFAULT_EVERY = 200
+_FALSE = ("0", "false", "no", "off")
+_TRUE = ("", "1", "true", "yes", "on")
+_BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_CAUSES = ("something changed the weights on some ranks only: a per-process decision before "
+           "optimizer.step() (a step skipped on a loss spike or a non-finite loss: decide it "
+           "together, e.g. with distify.any_process(...)), a model moved after distify.prepare "
+           "(.cpu(), .half(), .to(...) and back), an optimizer stepped on some ranks only, or "
+           "an in-place edit of the weights on some ranks (DISTIFY_REPLICA_CHECK=0 turns this "
+           "check off)")
+
+
+class _Checks:
+    """The runtime's part (see ``_state.Runtime``) about replica checks."""
+
+    def __init__(self) -> None:
+        settings = _state.settings()
+        self.enabled = settings.world_size > 1 and _enabled()
+        self.every = _every() if self.enabled else DEFAULT_EVERY
+        #: training forwards through prepared models (the same count on every rank)
+        self.forwards = 0
+        self.since = 0  # training forwards since the last check
+        #: this rank's steps of prepared optimizers (they may differ between ranks)
+        self.steps = 0
+        self.last_equal = ""
+
+
+def _part() -> _Checks:
+    return _state.current().part(_Checks)
+
+
+def forwards() -> int:
+    """The training forwards through prepared models so far (the same on every rank)."""
+    return _part().forwards
+
+
+def after_training_forward() -> None:
+    """Count a training forward; every ``K`` of them, compare the replicas.
+
+    Raises:
+        DistifyError: a prepared model's weights (or synced buffers) differ between ranks.
+    """
+    part = _part()
+    part.forwards += 1
+    if part.enabled:
+        part.since += 1
+        if part.since >= part.every:
+            check(f"training forward {part.forwards}")
+
+
+def epoch_ended(forwards_at_start: int) -> None:
+    """At the end of an epoch of a prepared DataLoader: compare the replicas if a prepared
+    model trained during it.
+
+    Args:
+        forwards_at_start: :func:`forwards` when the epoch started.
+    """
+    part = _part()
+    if part.enabled and part.forwards > forwards_at_start:
+        check(f"the end of an epoch of a prepared DataLoader (training forward "
+              f"{part.forwards})")
+
+
+def watch_optimizer(optimizer: torch.optim.Optimizer) -> None:
+    """Count the steps of a prepared optimizer (with more than one process), for the error."""
+    part = _part()
+    if part.enabled:
+        optimizer.register_step_post_hook(_count_step)
+
+
+def _count_step(*_: Any) -> None:
+    _part().steps += 1
+
+
+def check(when: str) -> None:
+    """Compare every prepared model's replicated tensors across the ranks: one all-reduce.
+
+    Args:
+        when: where the job is, for the error (``"training forward 200"``).
+
+    Raises:
+        DistifyError: some tensor differs between the ranks; names the first one.
+    """
+    part = _part()
+    part.since = 0
+    tensors = _compared()
+    if _state.settings().debug:
+        _debug.check(f"replica check ({len(tensors)} tensors)")
+    comm = _state.comm_device()
+    with torch.no_grad():
+        sums = torch.stack([_checksum(t).to(comm) for _, t in tensors]) if tensors else \
+            torch.zeros(0, dtype=torch.int64, device=comm)
+        both = torch.cat([sums, -sums])
+        _strategy.current().all_reduce(both, op=dist.ReduceOp.MAX)
+        count = len(tensors)
+        differ = torch.nonzero(both[:count] != -both[count:])
+        first = int(differ[0, 0].item()) if differ.numel() else -1
+    if first < 0:
+        part.last_equal = when
+        return
+    everyone = _objects.all_gather_object((int(sums[first].item()), part.steps), comm)
+    raise DistifyError(_diverged(tensors[first][0], everyone, when, part.last_equal))
+
+
+def _compared() -> list[tuple[str, torch.Tensor]]:
+    """The tensors every rank holds identically, in the same order on every rank."""
+    tensors: list[tuple[str, torch.Tensor]] = []
+    for key, module in _model.synced_models():
+        if module.replicated:
+            tensors += [(f"{module.class_name}.{name}", param)
+                        for name, param in module.parameters]
+        state = private_state(key)
+        buffers = getattr(state, "buffers", None)
+        if buffers is None:
+            continue
+        for owner, name in buffers.places:
+            buffer = owner._buffers.get(name) if owner.training else None
+            if buffer is not None:
+                tensors.append((f"{module.class_name} buffer {name}", buffer))
+    return [(name, t) for name, t in tensors
+            if t.layout is torch.strided and t.device.type != "meta"]
+
+
+def _checksum(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor's bytes as integers, summed with wrap-around in their own width (int64)."""
+    bits = tensor.detach()
+    if bits.is_complex():
+        bits = torch.view_as_real(bits)
+    if bits.dtype is torch.bool:
+        bits = bits.view(torch.uint8)
+    kind = _BITS[bits.element_size()]
+    return bits.view(kind).sum(dtype=kind).to(torch.int64)
+
+
+def _diverged(name: str, everyone: list[tuple[int, int]], when: str, last_equal: str) -> str:
+    reference = everyone[0][0]
+    ranks = [rank for rank, (value, _) in enumerate(everyone) if value != reference]
+    shown = ", ".join(map(str, ranks))
+    steps = {steps for _, steps in everyone}
+    made = ("optimizer steps per rank: " + ", ".join(
+        f"rank {rank} {steps}" for rank, (_, steps) in enumerate(everyone))
+        if len(steps) > 1 else f"{everyone[0][1]} optimizer steps on every rank")
+    since = f"; they were equal at {last_equal}" if last_equal else ""
+    return (f"distify: replicas diverged: {name} differs from rank 0's on "
+            f"rank{'s' if len(ranks) > 1 else ''} {shown}, found at {when} ({made}{since}): "
+            f"{_CAUSES}")
+
+
+def _enabled() -> bool:
+    raw = os.environ.get("DISTIFY_REPLICA_CHECK", "").strip().lower()
+    if raw in _FALSE:
+        return False
+    if raw in _TRUE:
+        return True
+    raise DistifyError(f"DISTIFY_REPLICA_CHECK={raw!r} must be 1 (compare the replicas, the "
+                       "default) or 0 (do not)")
+
+
+def _every() -> int:
+    raw = os.environ.get("DISTIFY_REPLICA_CHECK_EVERY", "").strip()
+    if not raw:
+        return DEFAULT_EVERY
+    try:
+        every = int(raw)
+    except ValueError:
+        every = 0
+    if every < 1:
+        raise DistifyError(f"DISTIFY_REPLICA_CHECK_EVERY={raw!r} must be a whole number of "
+                           f"training forwards >= 1: set it to e.g. {DEFAULT_EVERY} or unset it")
+    return every
