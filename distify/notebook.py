@@ -166,9 +166,10 @@ def to_script(notebook: Notebook, target: Target = "script") -> Script:
     the report lines (a notebook keeps its IPython lines, a script comments them out)."""
     chunks, notes, restore = [], [], {}
     line = 1
+    own = any(_OWN_DISPLAY.search(c.source) for c in notebook.cells if c.kind == "code")
     for cell in notebook.cells:
         kind = "" if cell.kind == "code" else f" [{cell.kind}]"
-        body, cell_notes, cell_restore = _code(cell.source, target) if cell.kind == "code" \
+        body, cell_notes, cell_restore = _code(cell.source, target, own) if cell.kind == "code" \
             else ("".join(f"# {text}".rstrip() + "\n" for text in _lines(cell.source)), [], {})
         chunks.append(f"# %%{kind} cell {cell.number}\n{body}")
         # the cell's first line comes after its marker line
@@ -196,14 +197,18 @@ _PYTHON_BODY = {"time", "capture"}
 _DISPLAY_CELLS = {"html", "javascript", "js", "latex", "markdown", "svg", "timeit"}
 _SHELL_ASSIGN = re.compile(r"^\s*[\w.]+(?:\s*,\s*[\w.]+)*\s*=\s*[!%]")
 _HELP = re.compile(r"^\s*(?:\?{1,2}[\w.]+|[\w.]+\?{1,2})\s*$")
+#: the notebook has a ``display`` of its own (not IPython's): its calls stay as they are
+_OWN_DISPLAY = re.compile(r"^[ \t]*(?:def display\b|display\s*=[^=]|from (?!IPython)[\w.]+ "
+                          r"import .*\bdisplay\b|import .*\bas display\b)", re.MULTILINE)
 
 
-def _code(source: str, target: Target) -> tuple[str, list[Note], dict[int, str]]:
+def _code(source: str, target: Target,
+          own_display: bool = False) -> tuple[str, list[Note], dict[int, str]]:
     """A code cell's lines for the script, with 0-based line numbers in the notes."""
     lines = _lines(source)
     out, notes, restore = [], [], {}
     if lines and lines[0].startswith("%%"):
-        return _cell_magic(lines, target)
+        return _cell_magic(lines, target, own_display)
     pending = ""  # a Python statement not yet complete (open bracket, string, backslash)
     for i, text in enumerate(lines):
         if not pending:
@@ -216,15 +221,16 @@ def _code(source: str, target: Target) -> tuple[str, list[Note], dict[int, str]]
                 continue
         out.append(text)
         pending = pending + text + "\n" if _incomplete(pending + text + "\n") else ""
-    notes += _displays(out, target)
+    notes += _displays(out, target, own_display)
     return "".join(f"{text}\n" for text in out), notes, restore
 
 
-def _cell_magic(lines: list[str], target: Target) -> tuple[str, list[Note], dict[int, str]]:
+def _cell_magic(lines: list[str], target: Target,
+                own_display: bool) -> tuple[str, list[Note], dict[int, str]]:
     name = lines[0][2:].split(maxsplit=1)[0] if lines[0][2:].strip() else ""
     restore = {0: lines[0]}
     if name in _PYTHON_BODY:
-        body, notes, inner = _code("\n".join(lines[1:]), target)
+        body, notes, inner = _code("\n".join(lines[1:]), target, own_display)
         message = _said(lines[0], target, "the cell's code runs as written")
         return (f"# {lines[0]}\n{body}", [Note(0, message)]
                 + [dataclasses.replace(n, line=n.line + 1) for n in notes],
@@ -313,21 +319,18 @@ _EFFECTS = {"print", "display", "show", "savefig", "close", "step", "zero_grad",
             "set_title", "use_deterministic_algorithms"}
 
 
-def _displays(lines: list[str], target: Target) -> list[Note]:
+def _displays(lines: list[str], target: Target, own_display: bool) -> list[Note]:
     """``display(x)`` becomes ``print(x)`` (in ``lines``); a bare trailing expression is kept
     and reported. Notes with 0-based lines."""
     try:
         tree = ast.parse("".join(f"{text}\n" for text in lines))
     except SyntaxError:
         return []  # the conversion reports it, with its position
-    own = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
-    own |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)
-            and isinstance(n.ctx, ast.Store)}
     notes = []
-    for node in ast.walk(tree):
+    for node in ast.walk(tree) if not own_display else ():
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) \
                 and isinstance(node.value.func, ast.Name) and node.value.func.id == "display" \
-                and "display" not in own and not node.value.keywords:
+                and not node.value.keywords:
             row, col = node.value.func.lineno - 1, node.value.func.col_offset
             text = lines[row]
             if text[col:col + 7] == "display":

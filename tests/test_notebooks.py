@@ -21,6 +21,7 @@ from click.testing import CliRunner
 
 from distify.cli import main
 from distify.errors import UserError
+from distify.launch.notebook import in_notebook, write_script
 from distify.notebook import parse_notebook, read_notebook, to_script
 from tests.helpers import FIXTURES, check_replicas, clean_env, replicas_env
 
@@ -108,6 +109,13 @@ def test_ipython_syntax_becomes_python_with_one_report_line(code, expected, mess
 def test_python_is_left_alone(code):
     script = script_of(code)
     assert script.text == f"# %% cell 1\n{code}\n" and script.notes == ()
+
+
+def test_a_display_of_the_notebooks_own_is_kept_in_every_cell():
+    script = script_of("from viz import display", "display(3)")
+    assert script.text.endswith("# %% cell 2\ndisplay(3)\n") and script.notes == ()
+    ipython = script_of("from IPython.display import display", "display(3)")
+    assert ipython.text.endswith("# %% cell 2\nprint(3)\n")
 
 
 def test_markdown_becomes_comments_and_cells_are_numbered_over_all_cells():
@@ -277,6 +285,30 @@ def test_nbformat_3_says_how_to_upgrade():
     assert "not an nbformat 4 notebook (nbformat: 3); upgrade it with: jupyter nbconvert" in \
         str(err.value)
     assert err.value.line == raw.decode().splitlines().index(' "nbformat": 3,') + 1
+
+
+def test_launch_runs_a_hidden_script_beside_the_notebook_and_names_cells(tmp_path):
+    nb = write(tmp_path / "nb.ipynb", notebook("!nvidia-smi\nimport os", ("markdown", "m"),
+                                                "x = 1\nraise SystemExit(os.getcwd())"))
+    script = write_script(str(nb))
+    try:
+        assert Path(script).parent == tmp_path and Path(script).name.startswith(".nb.")
+        assert Path(script).read_text() == to_script(read_notebook(nb)).text
+        line = f"  at {script}:10: raise SystemExit(os.getcwd())"
+        assert in_notebook(line, script, str(nb)) == \
+            f"  at {nb} cell 3, line 2: raise SystemExit(os.getcwd())"
+    finally:
+        Path(script).unlink()
+
+
+def test_launch_dry_run_of_a_notebook_is_refused_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "nb.ipynb", notebook("import torch"))
+    for option in ("--dry-run", "--slurm"):
+        result = run("launch", option, "nb.ipynb")
+        assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.output
+        assert "distify convert nb.ipynb -o NAME.py" in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["nb.ipynb"]
 
 
 def test_convert_and_check_of_a_notebook_run_without_torch(tmp_path):

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from distify.convert.engine import FileResult, Item, convert_source
+from distify.convert.project import read_source
 from distify.errors import UserError
 from distify.fsutil import on_deep_stack, too_deep
 from distify.notebook import (
@@ -25,7 +26,6 @@ from distify.notebook import (
     line_map,
     notebook_bytes,
     parse_notebook,
-    read_notebook,
     to_script,
 )
 from distify.rules import RuleSet
@@ -72,7 +72,8 @@ def convert_notebook(path: Path, target: Path, rules: RuleSet,
     Raises:
         UserError: not an nbformat 4 notebook, or code that does not parse (``cell N, line L``).
     """
-    notebook = read_notebook(path)
+    source = read_source(path)
+    notebook = parse_notebook(source, str(path))
     to_nb = is_notebook(target)
     script = to_script(notebook, "notebook" if to_nb else "script")
     result = _convert(script.text, str(path), rules, runtime_module)
@@ -90,14 +91,10 @@ def convert_notebook(path: Path, target: Path, rules: RuleSet,
                         "instead: -o NAME.py", path=str(path)) from None
     output = notebook_bytes(notebook, cells) if to_nb else after.encode("utf-8")
     fields = {f.name: getattr(result, f.name) for f in dataclasses.fields(FileResult)}
-    fields.update(source=notebook_source(path), output=output, changes=tuple(changes),
+    fields.update(source=source, output=output, changes=tuple(changes),
                   notes=tuple(notes), reason=_in_cells(result.reason, after))
     return NotebookResult(**fields, script_before=script.text, script_after=after,
                           to_notebook=to_nb, notebook=notebook, cells=cells)
-
-
-def notebook_source(path: Path) -> bytes:
-    return Path(path).read_bytes()
 
 
 def _convert(script: str, path: str, rules: RuleSet, runtime_module: str) -> FileResult:
