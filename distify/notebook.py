@@ -211,6 +211,10 @@ def _code(source: str, target: Target,
         return _cell_magic(lines, target, own_display)
     pending = ""  # a Python statement not yet complete (open bracket, string, backslash)
     for i, text in enumerate(lines):
+        if MARKER.match(text):  # a comment of the cell's own that would read as a boundary
+            out.append(text.replace("# %%", "# (%%)", 1))
+            restore[i] = text
+            continue
         if not pending:
             handled = _ipython_line(text, target)
             if handled is not None:
@@ -392,8 +396,9 @@ def line_map(before: str, after: str) -> Callable[[int], int]:
     return mapped
 
 
-def split_cells(script: str) -> dict[int, str]:
-    """The code of each cell in a script written by :func:`to_script` (and converted since).
+def split_cells(script: str, back: dict[int, str] | None = None) -> dict[int, str]:
+    """The code of each cell in a script written by :func:`to_script` (and converted since);
+    ``back``: 0-based lines of the script to put back as the notebook had them.
 
     Raises:
         ValueError: a cell marker is missing or out of order (the conversion moved one).
@@ -401,7 +406,11 @@ def split_cells(script: str) -> dict[int, str]:
     cells: dict[int, list[str]] = {}
     head: list[str] = []
     current = head
-    for text in script.splitlines(keepends=True):
+    back = back or {}
+    for i, text in enumerate(script.splitlines(keepends=True)):
+        if i in back:
+            current.append(back[i])
+            continue
         match = MARKER.match(text.rstrip("\r\n"))
         if match:
             number = int(match.group(2))
@@ -457,8 +466,7 @@ def cell_sources(notebook: Notebook, before: str, after: str,
                 after_lines[target - 1].rstrip("\r\n") == before_lines[line - 1]:
             ending = after_lines[target - 1][len(after_lines[target - 1].rstrip("\r\n")):]
             back[target - 1] = original + ending
-    restored = "".join(back.get(i, text) for i, text in enumerate(after_lines))
-    bodies = split_cells(restored)
+    bodies = split_cells(after, back)
     result = {}
     for cell in notebook.cells:
         if cell.kind == "code":

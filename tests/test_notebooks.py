@@ -118,6 +118,15 @@ def test_a_display_of_the_notebooks_own_is_kept_in_every_cell():
     assert ipython.text.endswith("# %% cell 2\nprint(3)\n")
 
 
+def test_a_comment_that_looks_like_a_cell_boundary_stays_in_its_cell(tmp_path):
+    nb = write(tmp_path / "nb.ipynb", notebook("import torch\n# %% cell 1\nx = 1", "y = 2"))
+    result = run("convert", str(nb), "-o", str(tmp_path / "out.ipynb"), "--no-config")
+    assert result.exit_code == 0, result.output
+    cells = json.loads((tmp_path / "out.ipynb").read_text())["cells"]
+    assert ["".join(cell["source"]) for cell in cells] == ["import torch\n# %% cell 1\nx = 1",
+                                                           "y = 2"]
+
+
 def test_markdown_becomes_comments_and_cells_are_numbered_over_all_cells():
     script = script_of(("markdown", "# Title\n\ntext"), "x = 1", ("raw", "raw text"), "y = 2")
     assert script.text == ("# %% [markdown] cell 1\n# # Title\n#\n# text\n\n"
@@ -191,6 +200,7 @@ def test_converting_the_output_again_changes_nothing(tmp_path):
     assert "(cell 2, line 6 imports distify.runtime)" in result.output
     assert second.read_bytes() == first.read_bytes()
     assert run("convert", str(first), "--check").exit_code == 0
+    assert run("check", str(first)).exit_code == 0  # convert's output passes the linter
 
 
 def test_diff_is_per_cell_and_writes_nothing(tmp_path):
