@@ -130,7 +130,7 @@ class _ReducerHook:
 
 def _accumulator(param: nn.Parameter) -> Any:
     """The autograd node that accumulates ``param``'s gradient (made if there is none)."""
-    with torch.enable_grad():
+    with torch.inference_mode(False), torch.enable_grad():
         return param.view_as(param).grad_fn.next_functions[0][0]
 
 

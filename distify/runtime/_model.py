@@ -314,6 +314,8 @@ def _count_user_forward(wrapper: nn.Module, _args: Any) -> None:
         book.forwards += 1
         sync = getattr(wrapper, "require_backward_grad_sync", True)
         book.synced_forwards += bool(sync)
+        if wrapper.training:  # evaluation may run on the main process only: no collective
+            _replicas.after_training_forward()
 
 
 def _release_models() -> None:

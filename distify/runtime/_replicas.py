@@ -60,7 +60,8 @@ class _Checks:
     def __init__(self) -> None:
         settings = _state.settings()
         self.enabled = settings.world_size > 1 and _enabled()
-        self.every = _every() if self.enabled else DEFAULT_EVERY
+        self.every = _state.every_setting("DISTIFY_REPLICA_CHECK_EVERY", DEFAULT_EVERY,
+                                           "training forwards") if self.enabled else DEFAULT_EVERY
         #: training forwards through prepared models (the same count on every rank)
         self.forwards = 0
         self.since = 0  # training forwards since the last check
@@ -198,17 +199,3 @@ def _enabled() -> bool:
         return True
     raise DistifyError(f"DISTIFY_REPLICA_CHECK={raw!r} must be 1 (compare the replicas, the "
                        "default) or 0 (do not)")
-
-
-def _every() -> int:
-    raw = os.environ.get("DISTIFY_REPLICA_CHECK_EVERY", "").strip()
-    if not raw:
-        return DEFAULT_EVERY
-    try:
-        every = int(raw)
-    except ValueError:
-        every = 0
-    if every < 1:
-        raise DistifyError(f"DISTIFY_REPLICA_CHECK_EVERY={raw!r} must be a whole number of "
-                           f"training forwards >= 1: set it to e.g. {DEFAULT_EVERY} or unset it")
-    return every

@@ -284,16 +284,25 @@ def _watchdog_setting() -> float:
 
 
 def _debug_every_setting() -> int:
-    raw = os.environ.get("DISTIFY_DEBUG_EVERY", "").strip()
+    return every_setting("DISTIFY_DEBUG_EVERY", _DEFAULT_DEBUG_EVERY, "backward calls")
+
+
+def every_setting(name: str, default: int, unit: str) -> int:
+    """The whole number >= 1 in the environment variable ``name`` (``default`` when unset).
+
+    Raises:
+        DistifyError: it is set to something else (the message names ``unit``: what it counts).
+    """
+    raw = os.environ.get(name, "").strip()
     if not raw:
-        return _DEFAULT_DEBUG_EVERY
+        return default
     try:
         every = int(raw)
     except ValueError:
         every = 0
     if every < 1:
-        raise DistifyError(f"DISTIFY_DEBUG_EVERY={raw!r} must be a whole number of backward "
-                           f"calls >= 1: set it to e.g. {_DEFAULT_DEBUG_EVERY} or unset it")
+        raise DistifyError(f"{name}={raw!r} must be a whole number of {unit} >= 1: set it to "
+                           f"e.g. {default} or unset it")
     return every
 
 
