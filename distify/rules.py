@@ -61,6 +61,10 @@ CATEGORIES: dict[str, str] = {
                      "the call; `generator` ones "
                      "get the runtime's shared generator, others are reported when unseeded)",
     "seeds": "calls that seed a random generator (with a fixed seed every process draws alike)",
+    "downloads": "calls that download (`kind:` fetch: a hand-written download, which the main "
+                 "process runs with the statements after it that write, extract or remove its "
+                 "files while the others wait; dataset: a data set that skips files already "
+                 "there, run on the main process first)",
 }
 
 _BUNDLED = "distify.bundled_rules"

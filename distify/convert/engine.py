@@ -58,6 +58,8 @@ class FileResult:
     own_mixed_precision: bool = False
     #: the modules it imports (``model``, ``.utils``), to find a project's local helpers
     imports: tuple[str, ...] = ()
+    #: converted as a helper of a project's script (it imports no torch), never launched
+    helper: bool = False
 
     @property
     def changed(self) -> bool:
@@ -71,7 +73,8 @@ class FileResult:
 
 
 def convert_source(source: bytes, path: str = "<string>", rules: RuleSet | None = None,
-                   runtime_module: str = "distify.runtime") -> FileResult:
+                   runtime_module: str = "distify.runtime", *,
+                   helper: bool = False) -> FileResult:
     """Convert one script's source.
 
     Args:
@@ -80,16 +83,19 @@ def convert_source(source: bytes, path: str = "<string>", rules: RuleSet | None 
         rules: the rule packs; the bundled ones by default.
         runtime_module: what the added import imports (``distify_runtime`` for a standalone
             conversion that copies the runtime beside the output).
+        helper: a project's module that a converted script imports: converted (its prints and
+            file writes) even when it imports no torch.
 
     Raises:
         UserError: the source is not valid Python (the message carries ``path:line:col``).
     """
     rules = rules or default_rules()
     tree = parse_ast(source, path)  # cheap, and a syntax error is reported even without torch
-    facts = gather_facts(tree, source, rules) if b"torch" in source else None
+    facts = gather_facts(tree, source, rules) if helper or b"torch" in source else None
     table = facts.imports if facts is not None else ImportMap.from_ast(tree)
     imports = module_names(table.modules, table.aliases.values())
-    if facts is None or not any(m.split(".")[0] in _TORCH_ROOTS for m in facts.imports.modules):
+    if facts is None or not helper and not any(m.split(".")[0] in _TORCH_ROOTS
+                                               for m in facts.imports.modules):
         return FileResult(path, source, source, "no-torch", reason="does not import torch",
                           imports=imports)
     if facts.parallel is not None and not facts.parallel.imported_only:
@@ -105,7 +111,7 @@ def convert_source(source: bytes, path: str = "<string>", rules: RuleSet | None 
     transformer = DistifyTransformer(facts, rules, rt)
     with _deep_recursion(path):
         result = _rewrite(path, source, module, transformer, runtime_module)
-    return dataclasses.replace(result, imports=imports)
+    return dataclasses.replace(result, imports=imports, helper=helper)
 
 
 def _rewrite(path: str, source: bytes, module: cst.Module, transformer: DistifyTransformer,

@@ -113,7 +113,36 @@ def plan_project(root: Path, out: Path | None, rules: RuleSet, runtime_module: s
             planned.append(Planned(path, target, convert_file(path, rules, runtime_module)))
         elif out is not None:
             planned.append(Planned(path, target, None))
+    planned = _convert_helpers(planned, root, rules, runtime_module)
     return _loaders_prepared_next_door(_keep_helpers_of_parallel(planned, root), root)
+
+
+def _convert_helpers(planned: list[Planned], root: Path, rules: RuleSet,
+                     runtime_module: str) -> list[Planned]:
+    """A local module without torch that a converted script imports (directly or through other
+    such modules) runs in every process of its job: its prints and file writes (a ``utils.py``
+    that dumps the class indices to JSON, a ``progress_bar``) are converted too."""
+    by_path = {p.source.resolve(): i for i, p in enumerate(planned) if p.result is not None}
+    pending = [p for p in planned if p.result is not None and p.result.status == "converted"]
+    seen: set[Path] = set()
+    planned = list(planned)
+    while pending:
+        importer = pending.pop()
+        for name in importer.result.imports:
+            target = resolve(name, importer.source.resolve(), root.resolve())
+            index = by_path.get(target) if target is not None else None
+            if index is None or target in seen:
+                continue
+            seen.add(target)
+            item = planned[index]
+            if item.result.status != "no-torch":
+                continue
+            result = convert_source(item.result.source, item.result.path, rules, runtime_module,
+                                    helper=True)
+            if result.status == "converted":
+                planned[index] = item = Planned(item.source, item.target, result)
+                pending.append(item)
+    return planned
 
 
 def _keep_helpers_of_parallel(planned: list[Planned], root: Path) -> list[Planned]:
@@ -174,6 +203,7 @@ def has_main_guard(result: FileResult) -> bool:
 def launch_entry(converted: list[Planned]) -> Planned | None:
     """The script a project is launched with: the one converted file with an
     ``if __name__ == "__main__":``, else the only converted file; None when unclear."""
+    converted = [p for p in converted if not p.result.helper]
     mains = [p for p in converted if has_main_guard(p.result)]
     if len(mains) == 1:
         return mains[0]

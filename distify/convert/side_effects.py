@@ -6,16 +6,29 @@ that writes a file, logs to a tracker or changes the filesystem (the ``side_effe
 process only (``rt.on_main_process(SummaryWriter)(...)``); progress bars shown on the main
 process; ``logging.basicConfig(level=...)`` → warnings only elsewhere; dataset downloads → under
 ``rt.main_process_first()``; timestamps that name runs → the main process's.
+
+Console writes outside ``print`` (``sys.stdout.write``, a ``progress_bar(...)`` helper) → on the
+main process only; ``sys.stderr.write`` too in a loop (a progress line), but not outside a loop
+or in an ``except`` (an error message, which every process keeps). A local class that subclasses
+a tracker (``class Writer(SummaryWriter)``) or builds one in its ``__init__`` is a tracker too;
+an unknown ``*Logger``/``*Writer`` from another module is reported. Once ``wandb.init`` runs on
+the main process only, so does every other ``wandb`` call (elsewhere they raise), assignments to
+``wandb.run.name``/``wandb.config.x`` included. A hand-written download (see
+:mod:`distify.analysis.downloads`: the fetch, with the writes, extraction and removals after it)
+→ one unit that the main process runs under ``with rt.main_process_first():`` while the others
+wait; one whose names later code reads is reported instead.
 """
 
 from __future__ import annotations
 
 import ast
 import posixpath
+import re
 from collections.abc import Sequence
 
 import libcst as cst
 
+from distify.analysis.downloads import DownloadUnit, download_units, may_download
 from distify.analysis.effects import (
     HANDLE_KEYWORDS,
     cst_shape,
@@ -121,19 +134,82 @@ def _spelled(node: ast.expr) -> str | None:
     return _opaque(node)
 
 
+#: unknown classes whose names say they log (``Logger``, ``SummaryLogger``, ``EventWriter``)
+_LOGGERISH = re.compile(r"[A-Z]\w*(Logger|Writer|Visualizer|Tracker)")
+
+
 class SideEffectMixin(TransformerBase):
+    def visit_Module(self, node: cst.Module) -> None:
+        super().visit_Module(node)
+        self._tracker_classes = _tracker_classes(node, self)
+        self._handler_calls: set[int] = set()  # ids of the calls inside `except` blocks
+        self._in_download = 0
+        #: id of a download unit's first statement as written → the unit
+        self._unit_starts: dict[int, DownloadUnit] = {}
+        self._unit_of: dict[int, DownloadUnit] = {}  # id of each statement of a unit
+        self._unit_outputs: dict[int, tuple[cst.CSTNode, DownloadUnit]] = {}
+        self._nested_units: set[int] = set()  # ids of units inside another one: part of it
+        if may_download(self.rules, self.facts.imports):
+            for unit in download_units(node, self.rules, self.facts.imports):
+                self._unit_starts[id(unit.statements[0])] = unit
+                for stmt in unit.statements:
+                    self._unit_of[id(stmt)] = unit
+        if self._unit_of:  # only then does a conversion pay for the two hooks below
+            self.on_visit = self._on_visit_with_downloads  # type: ignore[method-assign]
+            self.on_leave = self._on_leave_with_downloads  # type: ignore[method-assign]
+
+    def _on_visit_with_downloads(self, node: cst.CSTNode) -> bool:
+        unit = self._unit_of.get(id(node))
+        if unit is not None and self._in_download and self._unit_starts.get(id(node)) is unit:
+            self._nested_units.add(id(unit))
+        if unit is not None and _runs_alone(unit) and id(unit) not in self._nested_units:
+            self._main_only_depth += 1
+            self._in_download += 1
+        return type(self).on_visit(self, node)
+
+    def _on_leave_with_downloads(self, original: cst.CSTNode, updated: cst.CSTNode):
+        result = type(self).on_leave(self, original, updated)
+        unit = self._unit_of.get(id(original))
+        if unit is None or id(unit) in self._nested_units:
+            return result
+        nodes = result.nodes if isinstance(result, cst.FlattenSentinel) else \
+            [] if isinstance(result, cst.RemovalSentinel) else [result]
+        if _runs_alone(unit):
+            self._main_only_depth -= 1
+            self._in_download -= 1
+            for new in nodes:
+                self._unit_outputs[id(new)] = (new, unit)
+        elif self._unit_starts.get(id(original)) is unit and nodes:
+            self._report_download(nodes[0], unit)
+        return result
+
+    def _report_download(self, node: cst.CSTNode, unit: DownloadUnit) -> None:
+        why = (f"later code reads what it binds ({', '.join(f'`{n}`' for n in unit.read_after)})"
+               if unit.read_after else "it returns or leaves its loop")
+        self._edit(node, "download", "a hand-written download (the fetch with the writes, "
+                   "extraction and removals after it) that every process runs at once, and "
+                   f"distify cannot run it on the main process only: {why}; other processes may "
+                   "read its files before they are written, or after they are removed: put it "
+                   f"under `with {self.rt}.main_process_first():` with "
+                   f"`if {self.rt}.is_main_process():` around the download itself", human=True)
+
+    def visit_Try(self, node: cst.Try) -> None:
+        for handler in node.handlers:
+            self._handler_calls.update(_call_ids(handler.body))
+
     def _rewrite_side_effect_call(self, original: cst.Call, updated: cst.Call,
                                   qual: str) -> cst.BaseExpression | None:
         rules = self.rules
         if qual == "print" and "print" not in self.facts.bound:  # the builtin, not a local
             return self._retarget(updated, "print", "print", "print on the main process only",
                                   original)
-        if qual in _OPENS and self._is_open(original.func):
+        if qual in _OPENS and self._is_open(original.func) and not self._in_download:
             new = self._runtime_open(original, updated)
             if new is not None:
                 return new
-        if self._downloads and any(arg.keyword and arg.keyword.value == "download"
-                                   and not _is_false(arg.value) for arg in original.args):
+        if self._downloads and not self._main_only_depth and (any(
+                arg.keyword and arg.keyword.value == "download" and not _is_false(arg.value)
+                for arg in original.args) or _downloads_itself(rules, qual)):
             self._downloads[-1] = True
         if rules.match("grad_scalers", qual):
             self.own_mixed_precision = True
@@ -162,6 +238,8 @@ class SideEffectMixin(TransformerBase):
                 return new
             self._edit(updated, "side-effect", f"{qual}(...) writes on every process: guard "
                        f"it with `if {self.rt}.is_main_process():`", human=True)
+        elif kind is None and not self._main_only_depth:
+            self._report_unknown_logger(updated, qual)
         if rules.match("saves", qual) and self._into_memory(original):
             return None  # `torch.save(obj, buffer)`: every process keeps its own bytes
         for category, kind, what in _RUNTIME_REPLACEMENTS:
@@ -181,6 +259,19 @@ class SideEffectMixin(TransformerBase):
                 self._edit(new, "checkpoint", caveat, human=True)
                 return new
         return None
+
+    def _report_unknown_logger(self, call: cst.Call, qual: str) -> None:
+        """``Logger(log_dir)`` imported from a module distify does not know: say it may log on
+        every process (a local class is looked into instead, see :func:`_tracker_classes`)."""
+        name = qual.rsplit(".", 1)[-1]
+        root = (dotted_name(call.func) or "").split(".")[0]  # imported, not a local class
+        if not _LOGGERISH.fullmatch(name) or root not in self.facts.imports.aliases \
+                or qual.startswith("logging.") or self.rules.match("side_effects", qual):
+            return
+        self._edit(call, "tracker", f"`{qual}(...)` is built on every process and distify "
+                   "does not know what it writes: if it logs to files or a tracker, build it on "
+                   f"the main process only: `{self.rt}.on_main_process({_code(call.func)})(...)`",
+                   human=True)
 
     def _resume_hint(self, call: cst.Call, name: str) -> str:
         """For a save of the training state: what an exact resume of a distributed job needs
@@ -209,6 +300,8 @@ class SideEffectMixin(TransformerBase):
         if not isinstance(call, cst.Call):
             return None
         callee = self.facts.imports.cst_loose_qualname(call.func)
+        if callee in self._tracker_classes:
+            return "tracker"
         if callee is None or self.rules.match("saves", callee) \
                 or self.rules.match("side_effects", callee) is None or self._is_open(call.func):
             return None  # the builtin open becomes the runtime's (see _runtime_open)
@@ -216,6 +309,8 @@ class SideEffectMixin(TransformerBase):
         entry = side_effect(self.rules, callee, shape)
         if entry is None:
             return None
+        if entry.get("errors_stay") and (not self._loops or id(call) in self._handler_calls):
+            return None  # an error message outside a loop: every process shows it
         handle_arg = entry.get("handle_arg")
         if handle_arg is not None:  # a dump into a file the runtime opened: once, by design
             handle = shape.argument(handle_arg, HANDLE_KEYWORDS)
@@ -306,7 +401,20 @@ class SideEffectMixin(TransformerBase):
                 return
 
     def _is_side_effect_stmt(self, small: cst.BaseSmallStatement) -> bool:
-        return isinstance(small, cst.Expr) and self._side_effect(small.value) is not None
+        return (isinstance(small, cst.Expr) and self._side_effect(small.value) is not None) \
+            or self._sets_wandb_state(small)
+
+    def _sets_wandb_state(self, small: cst.BaseSmallStatement) -> bool:
+        """``wandb.run.name = ...``, ``wandb.config.lr = ...``: wandb's state, which exists on
+        the process that ran ``wandb.init`` only (the main one, once converted)."""
+        if isinstance(small, cst.Assign):
+            targets = [t.target for t in small.targets]
+        elif isinstance(small, (cst.AugAssign, cst.AnnAssign)):
+            targets = [small.target]
+        else:
+            return False
+        return all(isinstance(t, (cst.Attribute, cst.Subscript))
+                   and (self._qual(_root_of(t)) or "") == "wandb" for t in targets)
 
     def _guard_side_effect(self, original: cst.SimpleStatementLine,
                            updated: cst.SimpleStatementLine) -> cst.If | None:
@@ -315,6 +423,10 @@ class SideEffectMixin(TransformerBase):
         small = original.body[0]
         if not self._is_side_effect_stmt(small):
             return None
+        if not isinstance(small, cst.Expr):  # `wandb.run.name = ...`
+            target = small.targets[0].target if isinstance(small, cst.Assign) else small.target
+            return self._main_only(updated, f"{_code(target)} = ... runs on the main process "
+                                            "only (wandb's state exists there only)")
         what = dotted_name(small.value.func) or "this call"
         return self._main_only(updated, f"{what}(...) runs on the main process only")
 
@@ -412,8 +524,43 @@ class SideEffectMixin(TransformerBase):
     def _writes_file(self, node: cst.With) -> bool:
         return any(self._side_effect(item.item) == "write" for item in node.items)
 
+    def _group_units(self, body: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        """A hand-written download's statements → ``with rt.main_process_first():`` around
+        ``if rt.is_main_process():`` (the others wait at its end, then go on)."""
+        out: list[cst.BaseStatement] = []
+        run: list[cst.BaseStatement] = []
+        unit = None
+        for stmt in [*body, None]:
+            entry = self._unit_outputs.get(id(stmt)) if stmt is not None else None
+            mine = entry is not None and entry[0] is stmt
+            if mine and (not run or entry[1] is unit):
+                run.append(stmt)
+                unit = entry[1]
+                continue
+            if run:
+                out.append(self._download_unit_block(run))
+                run, unit = [], None
+            if mine:
+                run, unit = [stmt], entry[1]
+            elif stmt is not None:
+                out.append(stmt)
+        return out
+
+    def _download_unit_block(self, run: list[cst.BaseStatement]) -> cst.With:
+        first = run[0]
+        inner = cst.If(test=self._rt_call("is_main_process"), body=cst.IndentedBlock(
+            [first.with_changes(leading_lines=()), *run[1:]]))
+        block = cst.With(items=[cst.WithItem(self._rt_call("main_process_first"))],
+                         body=cst.IndentedBlock([inner]), leading_lines=first.leading_lines)
+        self._edit(block.items[0], "download", "a hand-written download run as one unit: the "
+                   "main process fetches, writes, extracts and removes its files; the others "
+                   "wait, then read what it left")
+        return block
+
     def _group_downloads(self, body: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
         """Consecutive statements that download a dataset → ``with rt.main_process_first():``."""
+        if self._unit_outputs:
+            body = self._group_units(body)
         out: list[cst.BaseStatement] = []
         run: list[cst.BaseStatement] = []
         for stmt in [*body, None]:
@@ -528,3 +675,73 @@ def _file_name(key: str | None) -> str | None:
         return None
     name = posixpath.basename(key)
     return name if name and "\0" not in name and name not in (".", "..") else None
+
+
+def _runs_alone(unit: DownloadUnit) -> bool:
+    """Can the unit run on the main process only (nothing after it needs what it binds)?"""
+    return not unit.read_after and not unit.leaves
+
+
+def _downloads_itself(rules, qual: str) -> bool:
+    """A data set that downloads its files when they are missing (``Planetoid(root, name)``)."""
+    entry = rules.match("downloads", qual)
+    return entry is not None and entry.get("kind") == "dataset"
+
+
+def _root_of(node: cst.BaseExpression) -> cst.BaseExpression:
+    """``a`` of ``a.b[c].d``."""
+    while isinstance(node, (cst.Attribute, cst.Subscript)):
+        node = node.value
+    return node
+
+
+def _call_ids(body: cst.CSTNode) -> set[int]:
+    """The ids of every call inside ``body``."""
+    found: set[int] = set()
+    stack = [body]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, cst.Call):
+            found.add(id(node))
+        stack.extend(node.children)
+    return found
+
+
+def _tracker_classes(module: cst.Module, mixin: SideEffectMixin) -> set[str]:
+    """Local classes that are trackers: a subclass of one (``class W(SummaryWriter)``), or one
+    whose ``__init__`` builds one (a TensorFlow ``FileWriter`` wrapper). Model classes never."""
+    found: set[str] = set()
+    classes = [s for s in module.body if isinstance(s, cst.ClassDef)]
+    for _ in range(3):  # a subclass of a local tracker class is one too
+        for cls in classes:
+            name = cls.name.value
+            if name in found or name in mixin.facts.model_classes:
+                continue
+            bases = [mixin.facts.imports.cst_loose_qualname(b.value) for b in cls.bases]
+            if any(b in found or _is_tracker(mixin, b) for b in bases) or _builds_tracker(
+                    cls, mixin):
+                found.add(name)
+    return found
+
+
+def _is_tracker(mixin: SideEffectMixin, qual: str | None) -> bool:
+    entry = mixin.rules.match("side_effects", qual)
+    return entry is not None and entry.get("kind") == "tracker"
+
+
+def _builds_tracker(cls: cst.ClassDef, mixin: SideEffectMixin) -> bool:
+    init = next((s for s in cls.body.body if isinstance(s, cst.FunctionDef)
+                 and s.name.value == "__init__"), None) if isinstance(cls.body,
+                                                               cst.IndentedBlock) else None
+    if init is None:
+        return False
+    found = False
+
+    class Calls(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            nonlocal found
+            found = found or _is_tracker(
+                mixin, mixin.facts.imports.cst_loose_qualname(node.func))
+
+    init.visit(Calls())
+    return found

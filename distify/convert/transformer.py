@@ -160,7 +160,7 @@ class DistifyTransformer(BatchShapeMixin, ModelMixin, PrepareMixin, DeviceMixin,
 
     def _tidy_block(self, body):
         """Group dataset downloads under one ``main_process_first`` and merge adjacent guards."""
-        if self._download_stmts:
+        if self._download_stmts or self._unit_outputs:
             body = self._group_downloads(body)
         if self._guards:
             body = self._merge_guards(body)
