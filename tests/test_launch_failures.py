@@ -82,7 +82,7 @@ def test_unconverted_script_on_several_processes_warns_once(folder):
     (folder / "train.py").write_text("import torch\nprint('trained')\n")
     proc = distify_launch("--num_processes", "2", "--cpu", "train.py", cwd=folder)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.count("trained") == 2
+    assert proc.stdout.count("trained") == 1  # rank 0's: the console shows the main process
     assert proc.stderr.count("will train on the full data on its own") == 1, proc.stderr
     assert "distify convert train.py" in proc.stderr
 

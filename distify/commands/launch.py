@@ -6,6 +6,7 @@ import ast
 import difflib
 import importlib.util
 import sys
+import tempfile
 from pathlib import Path
 
 import click
@@ -86,6 +87,8 @@ Examples:
   distify launch --num_machines 2 --machine_rank 0 --num_processes 16 \\
       --main_process_ip 10.0.0.1 --main_process_port 29500 train_dist.py
   distify launch --dry-run train_dist.py            # print the torchrun command
+  distify launch --all-ranks train_dist.py          # every process's stdout, [rankN]: lines
+                                                    # (default: the main process's only)
   distify launch --debug train_dist.py              # fail fast on mismatched collectives
   distify launch --use_fsdp --fsdp_transformer_layer_cls_to_wrap Block train_dist.py
                                                     # shard the model (FSDP2), layer by layer
@@ -123,6 +126,10 @@ Examples:
                    "DISTIFY_DEBUG=1 and TORCH_DISTRIBUTED_DEBUG=DETAIL).")
 @accelerate_option("max_restarts", type=click.IntRange(0),
                    help="Restart the workers up to N times after a failure (elastic).")
+@click.option("--all-ranks", "--all_ranks", "all_ranks", is_flag=True,
+              help="Show every process's stdout on the console, each line prefixed [rankN]:, "
+                   "not only the main process's (global rank 0). Either way every process's "
+                   "output is kept in the launch's log folder.")
 @click.option("--dry-run", "--dry_run", "dry_run", is_flag=True,
               help="Print the torchrun command and its environment instead of running it.")
 @click.option("--slurm", is_flag=True,
@@ -133,16 +140,17 @@ Examples:
 @click.argument("script", type=click.Path(dir_okay=False))
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def launch(config_file: str | None, script: str, script_args: tuple[str, ...], dry_run: bool,
-           slurm: bool, **overrides: object) -> None:
+           slurm: bool, all_ranks: bool, **overrides: object) -> None:
     """Run SCRIPT on N processes through torchrun (torch.distributed.run), on one machine or many.
 
     Options override the launch config (--config_file, else SCRIPT's sibling <stem>.yaml,
     else ./distify_config.yaml). Everything after SCRIPT (or after `--`) goes to the script,
     which is compiled (not run) first: a syntax error stops the launch. The job runs in the
     foreground; it exits with the code of the process that failed first (128 + N if killed by
-    signal N; 130 after Ctrl-C). Its stderr is streamed and kept in a log file; a failed job
-    ends with the rank that failed first, its exception and the script line (or the signal
-    that killed it), and the log's path.
+    signal N; 130 after Ctrl-C). The console shows the main process's stdout (global rank 0;
+    --all-ranks: every process's) and every process's stderr; a log folder keeps every
+    process's output. A failed job ends with the rank that failed first, its exception and the
+    script line (or the signal that killed it), and the log's path.
     """
     from distify.launch.config import default_config, load_config, with_overrides
 
@@ -183,18 +191,19 @@ def launch(config_file: str | None, script: str, script_args: tuple[str, ...], d
 
     from distify.launch.torchrun import (
         build_plan,
+        console_for,
         failure_summary,
+        hidden_output_note,
         interrupt_summary,
         job_exit_code,
         render_plan,
         run_plan,
     )
 
-    plan = build_plan(cfg, script, script_args)
     if dry_run:
         if found_as == "default":
             click.echo(f"distify: config: {source} ({_DEFAULT_NOTE})", err=True)
-        click.echo(render_plan(plan), nl=False)
+        click.echo(render_plan(build_plan(cfg, script, script_args)), nl=False)
         return
     if importlib.util.find_spec("torch") is None:
         raise UserError(f"distify launch needs torch, which this Python ({sys.executable}) "
@@ -202,11 +211,14 @@ def launch(config_file: str | None, script: str, script_args: tuple[str, ...], d
     where = {"option": source, "sibling": f"{source}, beside the script",
              "default": f"{source}, {_DEFAULT_NOTE}"}.get(found_as, "defaults for this machine")
     click.echo(f"distify: {_summary(cfg)} (config: {where})", err=True)
+    log_dir = tempfile.mkdtemp(prefix="distify-launch-")
+    console = console_for(cfg, log_dir, all_ranks=all_ranks)
+    plan = build_plan(cfg, script, script_args, log_dir=log_dir)
     waiting = None
     if cfg.num_machines > 1 and cfg.machine_rank > 0:
         waiting = (f"waiting for the main machine {cfg.main_process_ip}:{cfg.main_process_port} "
                    "(machine_rank 0) to start its job; it keeps waiting (Ctrl-C to stop)")
-    result = run_plan(plan, waiting_notice=waiting)
+    result = run_plan(plan, console=console, waiting_notice=waiting)
     if notebook:
         from distify.launch.notebook import in_notebook
     named = (lambda line: in_notebook(line, script, notebook)) if notebook else str
@@ -217,6 +229,8 @@ def launch(config_file: str | None, script: str, script_args: tuple[str, ...], d
     elif result.code:
         for line in failure_summary(result, script):
             click.echo(f"distify: {named(line)}", err=True)
+    elif (note := hidden_output_note(console)) is not None:
+        click.echo(f"distify: {note}", err=True)
     click.get_current_context().exit(job_exit_code(result))
 
 

@@ -9,7 +9,11 @@ the environment: ``DISTIFY_MIXED_PRECISION`` (and ``ACCELERATE_MIXED_PRECISION``
 Accelerate sees the same choice), ``DISTIFY_USE_CPU``, ``CUDA_VISIBLE_DEVICES`` and, for
 ``debug``, ``DISTIFY_DEBUG`` (the runtime's own checks) beside ``TORCH_DISTRIBUTED_DEBUG``.
 
-The job runs in the foreground as an argument list, never through a shell.
+The job runs in the foreground as an argument list, never through a shell. Its console shows
+the main process (global rank 0) only: every worker's stdout goes to a file in the launch's log
+folder (torchrun's ``--log-dir``/``--redirects``), which :class:`Console` copies to the terminal
+for rank 0, or for every rank with a ``[rankN]:`` prefix. Stderr is not redirected: every rank's
+errors reach the terminal, filtered and summarised as before, and the log folder keeps it whole.
 """
 
 from __future__ import annotations
@@ -121,7 +125,7 @@ def _quiet_numpy_warning(existing: str) -> str:
 
 
 def build_plan(cfg: LaunchConfig, script: str, script_args: Sequence[str] = (), *,
-               python: str = sys.executable) -> LaunchPlan:
+               python: str = sys.executable, log_dir: str | None = None) -> LaunchPlan:
     """The torchrun job that runs ``script script_args...`` as ``cfg`` describes.
 
     Args:
@@ -129,9 +133,18 @@ def build_plan(cfg: LaunchConfig, script: str, script_args: Sequence[str] = (), 
         script: path of the training script.
         script_args: passed to the script unchanged.
         python: the interpreter that runs torchrun (and so the workers).
+        log_dir: the launch's log folder: every worker's stdout goes to a file there (see
+            :class:`Console`), not to the terminal. None: the workers share the terminal.
     """
-    argv = (python, *TORCHRUN, *torchrun_args(cfg), script, *script_args)
-    return LaunchPlan(argv=argv, env=launch_env(cfg))
+    args = torchrun_args(cfg)
+    env = launch_env(cfg)
+    if log_dir is not None:
+        args += ["--log-dir", log_dir, "--redirects", "1"]
+        # The runtime lets writes there through (``_audit``), and line-buffers stdout, a file
+        # now, as Python does a terminal: rank 0's prints reach the console as they come.
+        env["DISTIFY_LOG_DIR"] = log_dir
+    argv = (python, *TORCHRUN, *args, script, *script_args)
+    return LaunchPlan(argv=argv, env=env)
 
 
 def render_plan(plan: LaunchPlan) -> str:
@@ -149,10 +162,188 @@ class JobResult:
     log: str
 
 
-def run_plan(plan: LaunchPlan, *, waiting_notice: str | None = None,
-             notice_after: float = 10.0) -> JobResult:
+@dataclass(frozen=True)
+class Console:
+    """Which workers' stdout reaches the terminal; every worker's stays in ``log_dir``
+    (``<run id>_<suffix>/attempt_<n>/<local rank>/stdout.log``, torchrun's layout).
+
+    ``first_rank`` is the global rank of this machine's local rank 0 (``machine_rank`` ×
+    processes per machine, as torchrun's static rendezvous numbers them), or None where ranks
+    are handed out as machines join (c10d): then the workers' environments say which one is
+    rank 0 (read from ``/proc``; where there is no ``/proc``, no worker's stdout is shown).
+    """
+
+    log_dir: str
+    all_ranks: bool = False
+    first_rank: int | None = 0
+
+
+def console_for(cfg: LaunchConfig, log_dir: str, *, all_ranks: bool = False) -> Console:
+    """The console of a ``cfg`` job on this machine: the main process only (global rank 0,
+    which may run on another machine), or every local process with ``all_ranks``."""
+    if cfg.num_machines > 1 and cfg.rdzv_backend == "c10d":
+        return Console(log_dir, all_ranks, None)
+    return Console(log_dir, all_ranks, cfg.machine_rank * cfg.nproc_per_node)
+
+
+class _StdoutCopy(threading.Thread):
+    """Copies the workers' stdout files to ``out`` as they grow (every 50 ms at most): global
+    rank 0's as it is, or with ``all_ranks`` every local worker's, each line prefixed with
+    ``[rankN]: `` (the prefix torch gives their stderr). After a restart it follows torchrun's
+    newest attempt. Bytes are copied as written: ``\\r`` progress lines stay progress lines."""
+
+    def __init__(self, console: Console, torchrun_pid: int, out) -> None:
+        super().__init__(name="distify-stdout", daemon=True)
+        self.console, self.torchrun_pid, self.out = console, torchrun_pid, out
+        self.ended = threading.Event()
+        self.muted = False
+        self.attempt: Path | None = None
+        self.ranks: dict[int, int] = {}  # local rank -> global rank, in this attempt
+        self.files: dict[int, list] = {}  # local rank -> [file, prefix, at a line's start]
+        self.open_line: int | None = None  # the worker whose line the terminal is in
+
+    def mute(self) -> None:
+        self.muted = True
+
+    def finish(self) -> None:
+        """The job ended: copy what is left, then stop."""
+        self.ended.set()
+        self.join(timeout=10)
+
+    def run(self) -> None:
+        try:
+            while True:
+                last = self.ended.is_set()  # set before the final pass, which drains
+                self._follow()
+                copied = self._copy()
+                if last:
+                    return
+                if not copied:
+                    self.ended.wait(0.05)
+        finally:
+            for entry in self.files.values():
+                entry[0].close()
+
+    def _follow(self) -> None:
+        """Open the shown workers' files of the newest attempt once they exist."""
+        attempts = sorted(Path(self.console.log_dir).glob("*/attempt_*"),
+                          key=lambda path: int(path.name.rpartition("_")[2] or 0))
+        if attempts and attempts[-1] != self.attempt:
+            self._copy()  # the previous attempt's last lines first
+            for entry in self.files.values():
+                entry[0].close()
+            self.attempt, self.ranks, self.files = attempts[-1], {}, {}
+            self.open_line = None
+        if self.attempt is None:
+            return
+        locals_ = [int(p.name) for p in self.attempt.iterdir() if p.name.isdigit()]
+        if len(self.ranks) < len(locals_):
+            self.ranks = self._global_ranks(locals_)
+        for local, rank in self.ranks.items():
+            if local in self.files or not (self.console.all_ranks or rank == 0):
+                continue
+            with contextlib.suppress(OSError):
+                prefix = f"[rank{rank}]: ".encode() if self.console.all_ranks else b""
+                stdout = open(self.attempt / str(local) / "stdout.log", "rb")  # noqa: SIM115
+                self.files[local] = [stdout, prefix, True]
+
+    def _global_ranks(self, locals_: list[int]) -> dict[int, int]:
+        first = self.console.first_rank
+        if first is not None:
+            return {local: first + local for local in locals_}
+        return _worker_ranks(self.torchrun_pid)
+
+    def _copy(self) -> bool:
+        copied = False
+        for local, entry in self.files.items():
+            while chunk := entry[0].read(65536):
+                copied = True
+                if entry[1]:
+                    chunk = self._own_line(local, entry, chunk)
+                if not self.muted:
+                    with contextlib.suppress(OSError, ValueError):
+                        self.out.write(chunk)
+        if copied and not self.muted:
+            with contextlib.suppress(OSError, ValueError):
+                self.out.flush()
+        return copied
+
+    def _own_line(self, local: int, entry: list, chunk: bytes) -> bytes:
+        """``chunk`` prefixed, on a line of its own: another worker's unfinished line (a
+        progress line) is ended first."""
+        start = b""
+        if self.open_line not in (None, local):
+            start = b"\n"
+            self.files[self.open_line][2] = True
+            entry[2] = True
+        chunk, entry[2] = _prefixed(chunk, entry[1], entry[2])
+        self.open_line = None if entry[2] else local
+        return start + chunk
+
+
+_LINE_END = re.compile(rb"(\r\n|\r|\n)")
+
+
+def _prefixed(data: bytes, prefix: bytes, at_start: bool) -> tuple[bytes, bool]:
+    """``data`` with ``prefix`` at the start of each of its lines, ``\\r`` ending a line too (a
+    progress line keeps its prefix); the first only if ``at_start`` (else it continues a
+    line). Also returns whether ``data`` ends at a line's end."""
+    out = []
+    pieces = _LINE_END.split(data)
+    for text, end in zip(pieces[::2], [*pieces[1::2], b""]):
+        if text or end:
+            out += [prefix if at_start else b"", text, end]
+            at_start = bool(end)
+    return b"".join(out), at_start
+
+
+def hidden_output_note(console: Console) -> str | None:
+    """One line naming the workers whose stdout the console left out and where it is, or None
+    when none wrote any (or every one was shown)."""
+    if console.all_ranks:
+        return None
+    runs = sorted(Path(console.log_dir).glob("*/attempt_*"),
+                  key=lambda path: int(path.name.rpartition("_")[2] or 0))
+    if not runs:
+        return None
+    wrote = sorted(int(p.parent.name) for p in runs[-1].glob("*/stdout.log")
+                   if p.parent.name.isdigit() and p.stat().st_size)
+    first = console.first_rank
+    hidden = [local for local in wrote if first is None or first + local != 0]
+    if not hidden:
+        return None
+    who = ", ".join(f"rank {first + local}" if first is not None else f"local process {local}"
+                    for local in hidden)
+    return (f"not shown here: {who}'s stdout (the console shows the main process's; "
+            f"--all-ranks shows all); each process's is in <local rank>/stdout.log of {runs[-1]}")
+
+
+def _worker_ranks(torchrun_pid: int) -> dict[int, int]:
+    """Local rank -> global rank of torchrun's workers, from their environments (Linux)."""
+    ranks = {}
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = Path(entry.path, "stat").read_text()
+                if int(stat.rpartition(")")[2].split()[1]) != torchrun_pid:
+                    continue
+                env = dict(item.split("=", 1) for item in
+                           Path(entry.path, "environ").read_bytes().decode(errors="replace")
+                           .split("\0") if "=" in item)
+                ranks[int(env["LOCAL_RANK"])] = int(env["RANK"])
+            except (OSError, ValueError, KeyError, IndexError):
+                continue
+    return ranks
+
+
+def run_plan(plan: LaunchPlan, *, console: Console | None = None,
+             waiting_notice: str | None = None, notice_after: float = 10.0) -> JobResult:
     """Run the job in the foreground; its stderr (torchrun's and the workers') is streamed as it
-    comes and kept, whole, in a log file for :func:`failure_summary`.
+    comes and kept, whole, in a log file for :func:`failure_summary` (``stderr.log`` in the
+    console's log folder, when there is one). ``console`` copies the workers' stdout, which the
+    plan sends to files (``build_plan(log_dir=...)``), to ours as it comes.
 
     What reaches the terminal leaves out what the summary says better (see
     :class:`_TerminalFilter`): torchrun's own failure report, tracebacks of the runtime's
@@ -165,23 +356,31 @@ def run_plan(plan: LaunchPlan, *, waiting_notice: str | None = None,
 
     Args:
         plan: the job.
+        console: which workers' stdout to show; None: the plan's workers write to the terminal.
         waiting_notice: printed once if nothing reaches stderr for ``notice_after`` seconds
             (a worker machine silently waiting for its main machine).
         notice_after: seconds.
     """
-    with tempfile.NamedTemporaryFile(prefix="distify-launch-", suffix=".log",
-                                     delete=False) as log:
-        code, interrupted = _run(plan, log, waiting_notice, notice_after)
+    if console is not None:
+        log = open(Path(console.log_dir) / "stderr.log", "wb")  # noqa: SIM115
+    else:
+        log = tempfile.NamedTemporaryFile(  # noqa: SIM115
+            prefix="distify-launch-", suffix=".log", delete=False)
+    with log:
+        code, interrupted = _run(plan, log, console, waiting_notice, notice_after)
     return JobResult(code=code, interrupted=interrupted, log=log.name)
 
 
-def _run(plan: LaunchPlan, log, waiting_notice: str | None,
+def _run(plan: LaunchPlan, log, console: Console | None, waiting_notice: str | None,
          notice_after: float) -> tuple[int, bool]:
     try:
         child = subprocess.Popen(plan.argv, env={**os.environ, **plan.env},
                                  start_new_session=True, stderr=subprocess.PIPE)
     except OSError as err:
         raise UserError(f"cannot start {plan.argv[0]}: {err.strerror}") from None
+    shown = _StdoutCopy(console, child.pid, sys.stdout.buffer) if console else None
+    if shown is not None:
+        shown.start()
     heard = threading.Event()
     terminal = _TerminalFilter(sys.stderr.buffer)
     pump = threading.Thread(target=_tee, args=(child.stderr, log, terminal, heard), daemon=True)
@@ -192,6 +391,8 @@ def _run(plan: LaunchPlan, log, waiting_notice: str | None,
         if signum == signal.SIGINT:
             interrupted.append(signum)
             terminal.mute()  # the workers' KeyboardInterrupt tracebacks: summed up after
+            if shown is not None:
+                shown.mute()
         if child.poll() is None:
             child.send_signal(signum)
 
@@ -206,6 +407,8 @@ def _run(plan: LaunchPlan, log, waiting_notice: str | None,
             print(f"distify: {waiting_notice}", file=sys.stderr, flush=True)
         code = _wait(child, interrupted)
         pump.join(timeout=10)  # a worker outliving torchrun may hold the pipe open
+        if shown is not None:
+            shown.finish()
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)

@@ -92,6 +92,18 @@ class Runtime:
 
 T = TypeVar("T")
 _RUNTIME = Runtime()
+
+
+def _line_buffered_stdout() -> None:
+    """Under ``distify launch`` a worker's stdout is a file in the launch's log folder, which
+    Python buffers by 8 KiB: line-buffer it, as Python does a terminal, so the main process's
+    prints reach the console as they come (``distify launch`` copies them from the file)."""
+    if os.environ.get("DISTIFY_LOG_DIR") and not getattr(sys.stdout, "line_buffering", True):
+        with contextlib.suppress(AttributeError, ValueError, OSError):
+            sys.stdout.reconfigure(line_buffering=True)
+
+
+_line_buffered_stdout()
 # Run before leaving the group at exit, to drop what holds it (the models' DDP objects).
 # Code registered at import, not state: it survives :func:`reset`.
 _before_leaving: list[Callable[[], None]] = []
@@ -163,6 +175,10 @@ def init(mixed_precision: str | None = None,
         debug_every=_debug_every_setting() if debug else _DEFAULT_DEBUG_EVERY,
         allow_unsynced=_flag("DISTIFY_ALLOW_UNSYNCED"), strategy=strategy_name,
         strategy_options=strategy_options, watchdog=_watchdog_setting())
+    if world_size > 1 and rank != 0:
+        from . import _audit
+
+        _audit.install(rank)  # report files this process writes that only rank 0 should
 
 
 def settings() -> Settings:
