@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -168,3 +169,26 @@ def test_prefix_marks_every_line_and_progress_update():
     assert _prefixed(b"a\nb", b"[r]: ", True) == (b"[r]: a\n[r]: b", False)
     assert _prefixed(b"c\n", b"[r]: ", False) == (b"c\n", True)
     assert _prefixed(b"\rx\r", b"[r]: ", True) == (b"[r]: \r[r]: x\r", True)
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads /proc (Linux)")
+def test_c10d_console_finds_rank_0_among_the_workers(tmp_path):
+    """c10d hands ranks out as machines join: the worker whose environment says RANK=0 is shown
+    (here a stand-in child of this process plays torchrun's worker with local rank 1)."""
+    import os
+
+    env = {**os.environ, "LOCAL_RANK": "1", "RANK": "0"}
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
+    try:
+        _attempt(tmp_path, {0: b"from rank 4\n", 1: b"from rank 0\n"})
+        out = _Out()
+        copy = _StdoutCopy(Console(str(tmp_path), False, None), os.getpid(), out)
+        copy.start()
+        deadline = time.monotonic() + 20
+        while out.data != b"from rank 0\n" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        copy.finish()
+    finally:
+        worker.kill()
+        worker.wait(timeout=10)
+    assert out.data == b"from rank 0\n"

@@ -201,6 +201,7 @@ class _StdoutCopy(threading.Thread):
         self.ranks: dict[int, int] = {}  # local rank -> global rank, in this attempt
         self.files: dict[int, list] = {}  # local rank -> [file, prefix, at a line's start]
         self.open_line: int | None = None  # the worker whose line the terminal is in
+        self.next_lookup = 0.0
 
     def mute(self) -> None:
         self.muted = True
@@ -233,12 +234,13 @@ class _StdoutCopy(threading.Thread):
             for entry in self.files.values():
                 entry[0].close()
             self.attempt, self.ranks, self.files = attempts[-1], {}, {}
-            self.open_line = None
+            self.open_line, self.next_lookup = None, 0.0
         if self.attempt is None:
             return
         locals_ = [int(p.name) for p in self.attempt.iterdir() if p.name.isdigit()]
-        if len(self.ranks) < len(locals_):
+        if len(self.ranks) < len(locals_) and time.monotonic() >= self.next_lookup:
             self.ranks = self._global_ranks(locals_)
+            self.next_lookup = time.monotonic() + 0.5  # c10d: /proc read twice a second at most
         for local, rank in self.ranks.items():
             if local in self.files or not (self.console.all_ranks or rank == 0):
                 continue
@@ -309,13 +311,16 @@ def hidden_output_note(console: Console) -> str | None:
     wrote = sorted(int(p.parent.name) for p in runs[-1].glob("*/stdout.log")
                    if p.parent.name.isdigit() and p.stat().st_size)
     first = console.first_rank
-    hidden = [local for local in wrote if first is None or first + local != 0]
+    where = f"each process's is in <local rank>/stdout.log of {runs[-1]}"
+    if first is None:  # c10d: which local process was rank 0 is not known here any more
+        return (f"the console showed the main process's stdout (--all-ranks shows all); "
+                f"{where}" if wrote else None)
+    hidden = [local for local in wrote if first + local != 0]
     if not hidden:
         return None
-    who = ", ".join(f"rank {first + local}" if first is not None else f"local process {local}"
-                    for local in hidden)
+    who = ", ".join(f"rank {first + local}" for local in hidden)
     return (f"not shown here: {who}'s stdout (the console shows the main process's; "
-            f"--all-ranks shows all); each process's is in <local rank>/stdout.log of {runs[-1]}")
+            f"--all-ranks shows all); {where}")
 
 
 def _worker_ranks(torchrun_pid: int) -> dict[int, int]:
