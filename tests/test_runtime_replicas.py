@@ -113,3 +113,14 @@ def test_checksum_sees_a_change_of_one_element(dtype):
     assert _replicas._checksum(tensor).item() == _replicas._checksum(same).item()
     assert _replicas._checksum(tensor).item() != _replicas._checksum(changed).item()
     assert _replicas._checksum(tensor).dtype is torch.int64
+
+
+def test_under_fsdp_the_ranks_optimizer_steps_are_compared(tmp_path):
+    # FSDP's shards are not comparable between ranks; a step skipped on some ranks is caught
+    # by the step counts, at the end of the first epoch too.
+    proc = _two(SKIP, cwd=tmp_path, check=False, DISTIFY_STRATEGY="fsdp")
+    assert proc.returncode != 0
+    assert "epoch 0 done" not in proc.stdout, proc.stdout
+    assert (f"{DIVERGED}the processes made different numbers of optimizer steps, found at the "
+            "end of an epoch of a prepared DataLoader (training forward 8) (optimizer steps per "
+            "rank: rank 0 ") in proc.stderr, proc.stderr[-3000:]

@@ -14,15 +14,21 @@ job would train on for days with replicas drifting apart. So the runtime compare
   The check runs right after the forward and the broadcast of the main process's buffers.
 
 A check is one checksum per tensor (its bytes read as integers and summed with wrap-around,
-so the sum is exact and independent of the order of summation; no copy of the tensor is made)
-and one ``all_reduce(MAX)`` of ``[sums, -sums]``: a tensor differs somewhere exactly when its
-maximum and minimum over the ranks differ, and every rank learns which one is first. Only
-then are the ranks' sums and optimizer step counts gathered, to name the ranks in the error.
+so the sum is exact and independent of the order of summation; no copy of the tensor is made),
+plus this rank's number of optimizer steps, and one ``all_reduce(MAX)`` of ``[values,
+-values]``: a value differs somewhere exactly when its maximum and minimum over the ranks
+differ, and every rank learns which one is first. Only then are the ranks' values and step
+counts gathered, to name the ranks in the error.
 
-What is compared: the parameters of models under DDP (every rank holds all of them), and the
-buffers the runtime keeps in sync (the training-mode modules' buffers, broadcast from the main
-process after each training forward: see ``_buffers``). Under FSDP each rank holds its own
-shard of the parameters, whose checksums are not comparable, so only those buffers are.
+What is compared: the parameters of models under DDP (every rank holds all of them) and the
+number of optimizer steps each rank made; at the periodic check, which runs right after the
+main process's buffers were broadcast, the buffers the runtime keeps in sync too (those of
+modules in training mode, see ``_buffers``). Not at an epoch's end: a train-mode forward under
+``torch.no_grad()`` after the last training forward legitimately leaves each rank its own
+BatchNorm statistics until the next one. Under FSDP each rank holds its own shard of the
+parameters, whose checksums are not comparable: there the step counts (and the synced buffers)
+are what is compared, which catches a step skipped or made on some ranks only, not an in-place
+edit of one rank's shard.
 
 ``DISTIFY_REPLICA_CHECK=0`` turns the checks off. Debug mode (``DISTIFY_DEBUG=1``) keeps its own
 comparison before every N-th backward on top. What it deliberately does not do: detect two
@@ -90,7 +96,7 @@ def after_training_forward() -> None:
     if part.enabled:
         part.since += 1
         if part.since >= part.every:
-            check(f"training forward {part.forwards}")
+            check(f"training forward {part.forwards}", buffers=True)
 
 
 def epoch_ended(forwards_at_start: int) -> None:
@@ -107,7 +113,8 @@ def epoch_ended(forwards_at_start: int) -> None:
 
 
 def watch_optimizer(optimizer: torch.optim.Optimizer) -> None:
-    """Count the steps of a prepared optimizer (with more than one process), for the error."""
+    """Count the steps of a prepared optimizer (with more than one process): the ranks
+    compare their counts at each check."""
     part = _part()
     if part.enabled:
         optimizer.register_step_post_hook(_count_step)
@@ -117,48 +124,52 @@ def _count_step(*_: Any) -> None:
     _part().steps += 1
 
 
-def check(when: str) -> None:
-    """Compare every prepared model's replicated tensors across the ranks: one all-reduce.
+def check(when: str, buffers: bool = False) -> None:
+    """Compare the ranks' optimizer steps and every prepared model's replicated tensors: one
+    all-reduce.
 
     Args:
         when: where the job is, for the error (``"training forward 200"``).
+        buffers: compare the buffers the runtime syncs too (right after they were synced).
 
     Raises:
-        DistifyError: some tensor differs between the ranks; names the first one.
+        DistifyError: a tensor, or the number of optimizer steps, differs between the ranks.
     """
     part = _part()
     part.since = 0
-    tensors = _compared()
+    tensors = _compared(buffers)
     if _state.settings().debug:
         _debug.check(f"replica check ({len(tensors)} tensors)")
     comm = _state.comm_device()
     with torch.no_grad():
-        sums = torch.stack([_checksum(t).to(comm) for _, t in tensors]) if tensors else \
-            torch.zeros(0, dtype=torch.int64, device=comm)
+        sums = torch.stack([torch.tensor(part.steps, dtype=torch.int64, device=comm)] +
+                           [_checksum(t).to(comm) for _, t in tensors])
         both = torch.cat([sums, -sums])
         _strategy.current().all_reduce(both, op=dist.ReduceOp.MAX)
-        count = len(tensors)
-        differ = torch.nonzero(both[:count] != -both[count:])
-        first = int(differ[0, 0].item()) if differ.numel() else -1
+        count = len(tensors) + 1
+        differ = torch.nonzero(both[:count] != -both[count:])[:, 0]
+        # a tensor names the place best; else the steps (index 0) differ, or nothing does
+        first = int(differ[differ > 0][0].item()) if bool((differ > 0).any()) else \
+            -1 if differ.numel() == 0 else 0
     if first < 0:
         part.last_equal = when
         return
     everyone = _objects.all_gather_object((int(sums[first].item()), part.steps), comm)
-    raise DistifyError(_diverged(tensors[first][0], everyone, when, part.last_equal))
+    name = tensors[first - 1][0] if first else None
+    raise DistifyError(_diverged(name, everyone, when, part.last_equal))
 
 
-def _compared() -> list[tuple[str, torch.Tensor]]:
+def _compared(buffers: bool) -> list[tuple[str, torch.Tensor]]:
     """The tensors every rank holds identically, in the same order on every rank."""
     tensors: list[tuple[str, torch.Tensor]] = []
     for key, module in _model.synced_models():
         if module.replicated:
             tensors += [(f"{module.class_name}.{name}", param)
                         for name, param in module.parameters]
-        state = private_state(key)
-        buffers = getattr(state, "buffers", None)
-        if buffers is None:
+        sync = getattr(private_state(key), "buffers", None) if buffers else None
+        if sync is None:
             continue
-        for owner, name in buffers.places:
+        for owner, name in sync.places:
             buffer = owner._buffers.get(name) if owner.training else None
             if buffer is not None:
                 tensors.append((f"{module.class_name} buffer {name}", buffer))
@@ -177,18 +188,21 @@ def _checksum(tensor: torch.Tensor) -> torch.Tensor:
     return bits.view(kind).sum(dtype=kind).to(torch.int64)
 
 
-def _diverged(name: str, everyone: list[tuple[int, int]], when: str, last_equal: str) -> str:
-    reference = everyone[0][0]
-    ranks = [rank for rank, (value, _) in enumerate(everyone) if value != reference]
-    shown = ", ".join(map(str, ranks))
+def _diverged(name: str | None, everyone: list[tuple[int, int]], when: str,
+              last_equal: str) -> str:
     steps = {steps for _, steps in everyone}
     made = ("optimizer steps per rank: " + ", ".join(
         f"rank {rank} {steps}" for rank, (_, steps) in enumerate(everyone))
         if len(steps) > 1 else f"{everyone[0][1]} optimizer steps on every rank")
     since = f"; they were equal at {last_equal}" if last_equal else ""
-    return (f"distify: replicas diverged: {name} differs from rank 0's on "
-            f"rank{'s' if len(ranks) > 1 else ''} {shown}, found at {when} ({made}{since}): "
-            f"{_CAUSES}")
+    if name is None:
+        what = "the processes made different numbers of optimizer steps"
+    else:
+        reference = everyone[0][0]
+        ranks = [rank for rank, (value, _) in enumerate(everyone) if value != reference]
+        what = (f"{name} differs from rank 0's on rank{'s' if len(ranks) > 1 else ''} "
+                f"{', '.join(map(str, ranks))}")
+    return f"distify: replicas diverged: {what}, found at {when} ({made}{since}): {_CAUSES}"
 
 
 def _enabled() -> bool:
