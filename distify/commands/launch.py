@@ -200,10 +200,11 @@ def launch(config_file: str | None, script: str, script_args: tuple[str, ...], d
         run_plan,
     )
 
+    plan = build_plan(cfg, script, script_args)  # a config error stops here, before any output
     if dry_run:
         if found_as == "default":
             click.echo(f"distify: config: {source} ({_DEFAULT_NOTE})", err=True)
-        click.echo(render_plan(build_plan(cfg, script, script_args)), nl=False)
+        click.echo(render_plan(plan), nl=False)
         return
     if importlib.util.find_spec("torch") is None:
         raise UserError(f"distify launch needs torch, which this Python ({sys.executable}) "
