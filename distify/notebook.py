@@ -252,40 +252,50 @@ def _ipython_line(text: str, target: Target) -> tuple[str, str, bool] | None:
     """(script line, report message, needs a human) for a line of IPython syntax, else None."""
     stripped = text.strip()
     indent = text[:len(text) - len(text.lstrip())]
-    commented = f"{indent}pass  # {stripped}" if indent else f"# {stripped}"
     if stripped.startswith("%time "):
         return indent + stripped[len("%time "):].strip(), _said(
             stripped, target, "`%time` only; the statement runs as written", kept=True), False
-    if stripped.startswith("%"):
-        word = stripped[1:].split(maxsplit=1)[0] if stripped[1:].strip() else ""
-        if word in _INSTALLS:
-            return commented, _said(stripped, target, "install it before launching, on every "
-                                    "machine"), False
-        if word in _NOTEBOOK_ONLY or word == "timeit":
-            return commented, _said(stripped, target, "IPython magic, nothing a script needs "
-                                    "(%env: set it in the environment before launching)"
-                                    if word == "env" else "IPython magic, nothing a script "
-                                    "needs"), word == "env" and "=" in stripped
-        return commented, _said(stripped, target, "IPython magic a script does not run; do its "
-                                "work in Python or before launching"), True
-    if stripped.startswith("!"):
-        words = stripped[1:].split()
-        if words[:1] and (words[0] in _INSTALLS or words[0].startswith("pip")
-                          or words[0] in ("apt", "apt-get")) or words[1:2] == ["-m"] and \
-                words[2:3] == ["pip"]:
-            return commented, _said(stripped, target, "install it before launching, on every "
-                                    "machine"), False
-        if words[:1] and words[0] in _SHOW_ONLY:
-            return commented, _said(stripped, target, "a shell command that only shows "
-                                    "something"), False
-        return commented, _said(stripped, target, "a shell command a script does not run; run "
-                                "it before launching (on every machine), or in Python"), True
+    kind = _kind(text)
+    if kind is None:
+        return None
+    why, human = _WHY[kind]
+    commented = f"{indent}pass  # {stripped}" if indent else f"# {stripped}"
+    return commented, _said(stripped, target, why), human
+
+
+#: why each kind of IPython line is left out of a script, and whether a human must act on it
+_WHY = {
+    "install": ("install it before launching, on every machine", False),
+    "show": ("a command that only shows something", False),
+    "magic": ("IPython magic, nothing a script needs", False),
+    "env": ("set it in the environment before launching", True),
+    "other-magic": ("IPython magic a script does not run; do its work in Python or before "
+                    "launching", True),
+    "shell": ("a shell command a script does not run; run it before launching (on every "
+              "machine), or in Python", True),
+    "assign": ("a shell or magic result assigned to a variable; the script never sets it: "
+               "compute it in Python", True),
+    "help": ("IPython help, nothing a script needs", False),
+}
+
+
+def _kind(text: str) -> str | None:
+    """Which kind of IPython line ``text`` is (a key of ``_WHY``), or None for Python."""
+    stripped = text.strip()
+    if stripped.startswith(("%", "!")):
+        words = stripped[1:].split() or [""]
+        first = words[0]
+        if first in _INSTALLS or first.startswith("pip") or first in ("apt", "apt-get") \
+                or words[1:3] == ["-m", "pip"]:
+            return "install" if "install" in words else "show"
+        if stripped.startswith("!"):
+            return "show" if first in _SHOW_ONLY else "shell"
+        if first == "env" and "=" in stripped:
+            return "env"
+        return "magic" if first in _NOTEBOOK_ONLY or first == "timeit" else "other-magic"
     if _SHELL_ASSIGN.match(text) and not _parses(stripped):
-        return commented, _said(stripped, target, "a shell or magic result assigned to a "
-                                "variable; the script never sets it: compute it in Python"), True
-    if _HELP.match(text):
-        return commented, _said(stripped, target, "IPython help, nothing a script needs"), False
-    return None
+        return "assign"
+    return "help" if _HELP.match(text) else None
 
 
 def _said(code: str, target: Target, why: str, *, kept: bool = False) -> str:
