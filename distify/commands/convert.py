@@ -56,8 +56,9 @@ Examples:
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("-o", "--output", type=click.Path(path_type=Path),
               help="Where to write the result (a file, or a folder for a project). "
-                   "Default: <name>_dist.py beside the input, not written when nothing "
-                   "changes.")
+                   "Default: <name>_dist.py beside the input (<name>_dist.ipynb for a "
+                   "notebook; -o x.py turns a notebook into a script), not written when "
+                   "nothing changes.")
 @click.option("--diff", "show_diff", is_flag=True,
               help="Print a unified diff on stdout and the report on stderr; write nothing.")
 @click.option("--check", "check_only", is_flag=True,
