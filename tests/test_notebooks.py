@@ -132,6 +132,18 @@ def test_a_comment_that_looks_like_a_cell_boundary_stays_in_its_cell(tmp_path):
                                                            "y = 2"]
 
 
+def test_a_source_written_as_one_string_converts_too(tmp_path):
+    data = notebook("import torch", "x = 1")
+    data["cells"][0]["source"] = "import torch\nprint(torch.ones(1))"
+    data["cells"][1]["source"] = "x = 1"
+    nb = write(tmp_path / "nb.ipynb", data)
+    assert run("convert", str(nb), "--no-config").exit_code == 0
+    cells = json.loads((tmp_path / "nb_dist.ipynb").read_text())["cells"]
+    assert cells[0]["source"] == ["import torch\n", "import distify.runtime as distify\n",
+                                  "distify.print(torch.ones(1))"]
+    assert cells[1]["source"] == "x = 1"  # untouched: as it was written
+
+
 def test_markdown_becomes_comments_and_cells_are_numbered_over_all_cells():
     script = script_of(("markdown", "# Title\n\ntext"), "x = 1", ("raw", "raw text"), "y = 2")
     assert script.text == ("# %% [markdown] cell 1\n# # Title\n#\n# text\n\n"
