@@ -124,3 +124,30 @@ def test_under_fsdp_the_ranks_optimizer_steps_are_compared(tmp_path):
     assert (f"{DIVERGED}the processes made different numbers of optimizer steps, found at the "
             "end of an epoch of a prepared DataLoader (training forward 8) (optimizer steps per "
             "rank: rank 0 ") in proc.stderr, proc.stderr[-3000:]
+
+
+def test_when_the_checks_run(monkeypatch):
+    # the schedule alone (one process, no process group): `check` records instead of comparing
+    monkeypatch.setattr(_state, "_RUNTIME", simulated_rank(0))
+    monkeypatch.delenv("DISTIFY_REPLICA_CHECK", raising=False)
+    monkeypatch.delenv("DISTIFY_REPLICA_CHECK_EVERY", raising=False)
+    made = []
+
+    def check(when, buffers=False):
+        made.append((_replicas.forwards(), buffers))
+        _replicas._part().since = 0
+
+    monkeypatch.setattr(_replicas, "check", check)
+    for _ in range(30):  # epochs of 8 training forwards
+        start = _replicas.forwards()
+        for _ in range(8):
+            _replicas.after_training_forward()
+        _replicas.epoch_ended(start)
+        _replicas.epoch_ended(_replicas.forwards())  # an evaluation epoch: nothing trained
+    gap = _replicas.EPOCH_GAP
+    assert made == [(8, False)] + [(8 + 8 * -(-gap // 8) * n, False) for n in range(1, 5)]
+    last, every = made[-1][0], _replicas.DEFAULT_EVERY
+    made.clear()
+    for _ in range(2 * every + 50):  # then a loop without epochs: every K from the last check
+        _replicas.after_training_forward()
+    assert made == [(last + every, True), (last + 2 * every, True)]

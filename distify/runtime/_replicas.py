@@ -5,8 +5,10 @@ break that without any error (a step skipped on a loss spike by one rank, a mode
 ``prepare``, an optimizer stepped on some ranks only, an in-place edit on one rank), and the
 job would train on for days with replicas drifting apart. So the runtime compares them:
 
-- at the end of each epoch of a prepared DataLoader during which a prepared model trained
-  (every rank reaches it: the training shards have equal lengths);
+- at the end of the first epoch of a prepared DataLoader during which a prepared model
+  trained (every rank reaches it: the training shards have equal lengths), and of each later
+  one that ends at least :data:`EPOCH_GAP` training forwards after the last check (so that
+  epochs of a few batches do not pay for a check each);
 - and every ``K`` training forwards through a prepared model since the last check (``K`` =
   ``DISTIFY_REPLICA_CHECK_EVERY``, default :data:`DEFAULT_EVERY`), for loops without epochs.
   Training forwards, not optimizer steps, are counted: every rank makes the same number of
@@ -49,6 +51,9 @@ from ._subclass import private_state
 
 #: training forwards between two checks; see benchmarks/results/runtime.md for how it was chosen
 DEFAULT_EVERY = 200
+#: after the first, an epoch's end is checked only this many training forwards after the last
+#: check (epochs shorter than that are covered by the periodic check): bounds the cost
+EPOCH_GAP = DEFAULT_EVERY // 4
 _FALSE = ("0", "false", "no", "off")
 _TRUE = ("", "1", "true", "yes", "on")
 _BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -71,6 +76,7 @@ class _Checks:
         #: training forwards through prepared models (the same count on every rank)
         self.forwards = 0
         self.since = 0  # training forwards since the last check
+        self.epoch_checked = False  # an epoch's end was checked already
         #: this rank's steps of prepared optimizers (they may differ between ranks)
         self.steps = 0
         self.last_equal = ""
@@ -107,7 +113,9 @@ def epoch_ended(forwards_at_start: int) -> None:
         forwards_at_start: :func:`forwards` when the epoch started.
     """
     part = _part()
-    if part.enabled and part.forwards > forwards_at_start:
+    if part.enabled and part.forwards > forwards_at_start and (
+            not part.epoch_checked or part.since >= EPOCH_GAP):
+        part.epoch_checked = True
         check(f"the end of an epoch of a prepared DataLoader (training forward "
               f"{part.forwards})")
 
