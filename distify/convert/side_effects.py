@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import posixpath
 import re
+import sys
 from collections.abc import Sequence
 
 import libcst as cst
@@ -136,6 +137,7 @@ def _spelled(node: ast.expr) -> str | None:
 
 #: unknown classes whose names say they log (``Logger``, ``SummaryLogger``, ``EventWriter``)
 _LOGGERISH = re.compile(r"[A-Z]\w*(Logger|Writer|Visualizer|Tracker)")
+_STDLIB = frozenset(getattr(sys, "stdlib_module_names", ())) | {"logging", "csv", "io", "codecs"}
 
 
 class SideEffectMixin(TransformerBase):
@@ -263,11 +265,11 @@ class SideEffectMixin(TransformerBase):
     def _report_unknown_logger(self, call: cst.Call, qual: str) -> None:
         """``Logger(log_dir)`` imported from a module distify does not know: say it may log on
         every process (a local class is looked into instead, see :func:`_tracker_classes`)."""
-        name = qual.rsplit(".", 1)[-1]
-        root = (dotted_name(call.func) or "").split(".")[0]  # imported, not a local class
-        if not _LOGGERISH.fullmatch(name) or root not in self.facts.imports.aliases \
-                or qual.startswith("logging.") or self.rules.match("side_effects", qual):
-            return
+        if not _LOGGERISH.fullmatch(qual.rsplit(".", 1)[-1]) \
+                or qual.split(".")[0] in _STDLIB or self.rules.match("side_effects", qual):
+            return  # the standard library's writers (csv.DictWriter) write into their file
+        if (dotted_name(call.func) or "").split(".")[0] not in self.facts.imports.aliases:
+            return  # a local class: looked into (see _tracker_classes)
         self._edit(call, "tracker", f"`{qual}(...)` is built on every process and distify "
                    "does not know what it writes: if it logs to files or a tracker, build it on "
                    f"the main process only: `{self.rt}.on_main_process({_code(call.func)})(...)`",
