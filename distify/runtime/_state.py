@@ -125,7 +125,8 @@ def reset() -> None:
 
 def init(mixed_precision: str | None = None,
          timeout: float | datetime.timedelta | None = None,
-         sync_batchnorm: bool | None = None, strategy: str | None = None) -> None:
+         sync_batchnorm: bool | None = None, strategy: str | None = None,
+         cpu: bool | None = None) -> None:
     """Initialise the runtime from the environment (optional: every other function calls it).
 
     Args:
@@ -141,6 +142,9 @@ def init(mixed_precision: str | None = None,
             ``accelerate launch`` and ``distify launch`` do for ``distributed_type: FSDP``),
             else ``"ddp"``. FSDP reads its options from the ``FSDP_*`` variables those
             launchers set.
+        cpu: compute on the CPU even where there is an accelerator (a script that never used
+            one: its own tensors stay on the CPU, so its model must too); default
+            ``DISTIFY_USE_CPU``, then ``ACCELERATE_USE_CPU``.
 
     With more than one process it also reads ``DISTIFY_DEBUG`` (check every collective and,
     every ``DISTIFY_DEBUG_EVERY`` backward calls, default 10, that the weights are still
@@ -155,6 +159,10 @@ def init(mixed_precision: str | None = None,
     runtime = _RUNTIME
     if runtime.settings is not None:
         _check_same_settings(runtime.settings, mixed_precision, sync_batchnorm, strategy)
+        if cpu and runtime.settings.device.type != "cpu":
+            raise DistifyError(f"distify.init(cpu=True) came after the runtime started on "
+                               f"{runtime.settings.device}: call distify.init(...) before any "
+                               "other distify call")
         return
     precision = _mixed_precision_setting(mixed_precision)
     timeout_delta = _timeout_setting(timeout)
@@ -165,7 +173,7 @@ def init(mixed_precision: str | None = None,
     else:
         rank, world_size = _rank_and_world_size()
     local_rank, local_world_size = _local_rank_and_size(rank, world_size)
-    device = _pick_device(local_rank, world_size)
+    device = _pick_device(local_rank, world_size, cpu)
     if world_size > 1 and not dist.is_initialized():
         _init_process_group(device, rank, world_size, timeout_delta)
     debug = world_size > 1 and _flag("DISTIFY_DEBUG")
@@ -192,7 +200,8 @@ def settings() -> Settings:
 
 
 def device() -> torch.device:
-    """This process's device: ``cuda:LOCAL_RANK``, else MPS (single process only), else CPU."""
+    """This process's device: ``cuda:LOCAL_RANK``, else MPS or another accelerator torch reports
+    (``torch.accelerator``: XPU, a PrivateUse1 backend; single process only), else CPU."""
     return settings().device
 
 
@@ -383,8 +392,8 @@ def _local_rank_and_size(rank: int, world_size: int) -> tuple[int, int]:
     return local_rank, local_size
 
 
-def _pick_device(local_rank: int, world_size: int) -> torch.device:
-    force_cpu = _flag("DISTIFY_USE_CPU") or _flag("ACCELERATE_USE_CPU")
+def _pick_device(local_rank: int, world_size: int, cpu: bool | None = None) -> torch.device:
+    force_cpu = bool(cpu) or _flag("DISTIFY_USE_CPU") or _flag("ACCELERATE_USE_CPU")
     if not force_cpu and torch.cuda.is_available():
         count = torch.cuda.device_count()
         if local_rank >= count:
@@ -396,7 +405,21 @@ def _pick_device(local_rank: int, world_size: int) -> torch.device:
     mps = getattr(torch.backends, "mps", None)
     if not force_cpu and world_size == 1 and mps is not None and mps.is_available():
         return torch.device("mps")
+    # Another accelerator torch knows (XPU, a PrivateUse1 backend): a single process uses it as
+    # the script did; the collectives here are NCCL or Gloo, so a job of several stays on the CPU.
+    other = _other_accelerator()
+    if not force_cpu and world_size == 1 and other is not None:
+        return torch.device(other, 0)
     return torch.device("cpu")
+
+
+def _other_accelerator() -> str | None:
+    """The type of the accelerator torch reports other than CUDA and MPS, if any."""
+    accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6
+    if accelerator is None or not accelerator.is_available():
+        return None
+    found = accelerator.current_accelerator()
+    return None if found is None or found.type in ("cuda", "mps", "cpu") else found.type
 
 
 def _init_process_group(device: torch.device, rank: int, world_size: int,
