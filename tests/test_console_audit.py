@@ -192,3 +192,21 @@ def test_c10d_console_finds_rank_0_among_the_workers(tmp_path):
         worker.kill()
         worker.wait(timeout=10)
     assert out.data == b"from rank 0\n"
+
+
+def test_console_follows_an_attempt_folder_made_anew(tmp_path):
+    """An agent whose own workers did not fail restarts them under the same attempt number,
+    and torchrun deletes and remakes that folder: the new file is copied, not the deleted one."""
+    _attempt(tmp_path, {0: b"first run\n"})
+    out = _Out()
+    copy = _StdoutCopy(Console(str(tmp_path), False, 0), -1, out)
+    copy.start()
+    deadline = time.monotonic() + 20
+    while out.data != b"first run\n" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    shutil.rmtree(tmp_path / "run_x" / "attempt_0")
+    _attempt(tmp_path, {0: b"resumed\n"})
+    while out.data != b"first run\nresumed\n" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    copy.finish()
+    assert out.data == b"first run\nresumed\n"

@@ -237,6 +237,11 @@ class _StdoutCopy(threading.Thread):
             self.open_line, self.next_lookup = None, 0.0
         if self.attempt is None:
             return
+        if self._replaced():
+            self._copy()  # the old files' last lines
+            for entry in self.files.values():
+                entry[0].close()
+            self.ranks, self.files, self.open_line, self.next_lookup = {}, {}, None, 0.0
         locals_ = [int(p.name) for p in self.attempt.iterdir() if p.name.isdigit()]
         if len(self.ranks) < len(locals_) and time.monotonic() >= self.next_lookup:
             self.ranks = self._global_ranks(locals_)
@@ -248,6 +253,18 @@ class _StdoutCopy(threading.Thread):
                 prefix = f"[rank{rank}]: ".encode() if self.console.all_ranks else b""
                 stdout = open(self.attempt / str(local) / "stdout.log", "rb")  # noqa: SIM115
                 self.files[local] = [stdout, prefix, True]
+
+    def _replaced(self) -> bool:
+        """Whether torchrun made the attempt's files anew: an agent whose own workers did not
+        fail restarts them under the same attempt number, and torchrun deletes its folder."""
+        for local, entry in self.files.items():
+            try:
+                if os.stat(self.attempt / str(local) / "stdout.log").st_ino != \
+                        os.fstat(entry[0].fileno()).st_ino:
+                    return True
+            except OSError:
+                return True
+        return False
 
     def _global_ranks(self, locals_: list[int]) -> dict[int, int]:
         first = self.console.first_rank
