@@ -161,11 +161,13 @@ class NestContext:
 class Stop:
     """A test that processes may decide differently where that hangs the job, and what to do.
 
-    Three kinds: an ``exit`` from a training loop whose test reads a per-process value; a
+    Four kinds: an ``exit`` from a training loop whose test reads a per-process value; a
     ``gate``, an ``if`` on a per-process value whose branch reaches a collective
     (``if loss.item() < 0.5: acc = evaluate()``, where ``evaluate`` reduces its sums); a
-    ``site``, a collective that only some processes reach for another reason (after a
-    ``continue`` only some take, in an exception handler), always a note.
+    ``work`` decision, an ``if`` on a per-process value in a loop that trains whose branch
+    changes the optimizer's work (see :func:`optimizer_work`); a ``site``, a collective that
+    only some processes reach for another reason (after a ``continue`` only some take, in an
+    exception handler), always a note.
     """
 
     #: the ``if`` whose branch leaves or reaches a collective, the ``while`` whose test ends
@@ -184,9 +186,10 @@ class Stop:
     varies: bool = True
     #: the indented blocks around the ``if``/``while``
     depth: int = 0
-    kind: Literal["exit", "gate", "site"] = "exit"
-    #: for a gate: the first call in its branches that reaches a collective
-    collective: cst.Call | None = None
+    kind: Literal["exit", "gate", "site", "work"] = "exit"
+    #: for a gate: the first call in its branches that reaches a collective; for a ``work``
+    #: decision: the first call or statement in its branches that changes the optimizer's work
+    collective: cst.CSTNode | None = None
     #: for ``reduce``: how the processes' values make the global batch's value: ``"mean"``
     #: (a loss, a reward, a metric), ``"max"``/``"min"`` (a batch's largest/smallest value)
     op: Literal["mean", "max", "min"] = "mean"
@@ -222,7 +225,7 @@ def find_stops(loop: cst.For | cst.While, ctx: NestContext) -> list[Stop]:
         if why is not None:
             action: Action = "note"
         elif exit_.operand is not None and (exit_.extreme is not None
-                                            or exit_.how not in ("exit", "continue")):
+                                            or exit_.how not in ("exit", "continue", "work")):
             action = "reduce"
         else:
             action = "all" if exit_.keeps_going_when_true else "any"
@@ -372,8 +375,8 @@ class _Exit:
     #: the per-process side of a single ordering comparison
     operand: cst.BaseExpression | None = None
     depth: int = 0
-    kind: Literal["exit", "gate"] = "exit"
-    collective: cst.Call | None = None
+    kind: Literal["exit", "gate", "work"] = "exit"
+    collective: cst.CSTNode | None = None
     how: str = "break"
     #: the operand is a largest/smallest value (``batch.abs().max()``): ``"max"``/``"min"``
     extreme: Literal["max", "min"] | None = None
@@ -749,6 +752,18 @@ class _Walk:
             self._record(exit_)
             branch = path.needs(id(node))
             if id(node) in self.demoted:  # its note covers what it leads to
+                branch = path.worse(_branch_why(node.test)).needs(id(node))
+        elif varies and not self._via and any(self._loop_trains(loop.node)
+                                              for loop in self.stack) \
+                and (work := optimizer_work(node)) is not None:
+            # a decision on the optimizer's work (its step, the gradients, the weights, the
+            # learning rate) taken by some processes only: the replicas drift apart
+            exit_ = _Exit(node, node.test, self.varying_names(node.test), True, True, [],
+                          list(self.stack), path.bad, path.deps, _steps_when_true(node),
+                          self._operand(node.test), self.depth, "work", work, "work")
+            self._record(exit_)
+            branch = path.needs(id(node))
+            if id(node) in self.demoted:
                 branch = path.worse(_branch_why(node.test)).needs(id(node))
         elif varies:
             branch = path.worse(_branch_why(node.test))
@@ -1189,6 +1204,83 @@ class _After(cst.CSTVisitor):
                 _is_training_call(node, self.ctx) or self.ctx.collective(node)
                 or _is_step(node)):
             self.found = node
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return False
+
+    def visit_Lambda(self, node: cst.Lambda) -> bool:
+        return False
+
+
+#: methods that change the optimizer's work whatever they are called on
+_WORK_METHODS = frozenset({"zero_grad", "load_state_dict", "reset_parameters"})
+#: what an in-place change of the weights, gradients or optimizer settings is made on
+_WORK_PARTS = (".weight", ".bias", ".data", ".grad", "param_groups", ".parameters()")
+
+
+def optimizer_work(node: cst.If) -> cst.CSTNode | None:
+    """The first call or assignment in a branch of ``node`` (``elif``/``else`` included)
+    that changes what the optimizer does to the replica: its ``step`` (an optimizer's,
+    scaler's, scheduler's), ``zero_grad``, ``load_state_dict``, ``reset_parameters``,
+    ``nn.init`` calls, an in-place method (``mul_``, ``clamp_``, ``copy_``) or an assignment
+    on weights, gradients or ``param_groups`` (``.weight``, ``.data``, ``.grad``, a name
+    bound by ``for p in model.parameters()`` or ``for g in optimizer.param_groups``); else
+    None. Taken on some processes only, any of these trains the replicas apart (issue 20
+    item 2); a metric's in-place ``add_`` is none of these."""
+    finder = _Work()
+    node.body.visit(finder)
+    if node.orelse is not None and finder.found is None:
+        node.orelse.visit(finder)
+    return finder.found
+
+
+def _steps_when_true(node: cst.If) -> bool:
+    """Does the ``if`` branch step an optimizer and the ``else`` branch not (``if
+    torch.isfinite(loss): optimizer.step()``)? Then the step is taken when the test holds on
+    every process: what one process would do with the global batch."""
+    body = [c for c in _calls(node.body) if _is_step(c)]
+    other = [c for c in _calls(node.orelse) if _is_step(c)] if node.orelse is not None else []
+    return bool(body) and not other
+
+
+class _Work(cst.CSTVisitor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: cst.CSTNode | None = None
+        self.bound: set[str] = set()  # names bound to parameters or param groups
+
+    def visit_For(self, node: cst.For) -> None:
+        if any(part in _code(node.iter) for part in ("parameters(", "param_groups")):
+            self.bound |= bound_names(node.target)
+
+    def visit_Call(self, node: cst.Call) -> bool:
+        func = node.func
+        if self.found is None and isinstance(func, cst.Attribute):
+            name = func.attr.value
+            if _is_step(node) or name in _WORK_METHODS or ".init." in _code(func) or (
+                    name.endswith("_") and not name.startswith("_")
+                    and self._changes_weights(func.value)):
+                self.found = node
+        return self.found is None
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        if any(not isinstance(t.target, cst.Name) and self._changes_weights(t.target)
+               for t in node.targets):  # `p = p * 2` binds a new tensor; `p.data = ...` not
+            self._found(node)
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        if self._changes_weights(node.target):
+            self._found(node)
+
+    def _found(self, node: cst.CSTNode) -> None:
+        if self.found is None:
+            self.found = node
+
+    def _changes_weights(self, node: cst.BaseExpression) -> bool:
+        if not isinstance(node, (cst.Attribute, cst.Subscript, cst.Name)):
+            return False
+        return _root_name(node) in self.bound or (
+            not isinstance(node, cst.Name) and any(p in _code(node) for p in _WORK_PARTS))
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
         return False

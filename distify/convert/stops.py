@@ -51,6 +51,7 @@ from distify.analysis.stops import (
     calls_in,
     find_stops,
     local_callee,
+    optimizer_work,
     statement_calls,
 )
 from distify.convert.base import TransformerBase
@@ -178,10 +179,10 @@ class StopMixin(TransformerBase):
     def visit_If(self, node: cst.If) -> None:
         super().visit_If(node)
         self._branch_depth += 1
-        if self._loops and any(
+        if self._loops and (any(
                 _leaves_loop(body, self._ends) or _continues(body)
                 for body in (node.body, node.orelse.body if isinstance(node.orelse, cst.Else)
-                             else None) if body is not None):
+                             else None) if body is not None) or optimizer_work(node) is not None):
             self._nests_with_exits.add(id(self._loops[0]))
 
     def visit_While(self, node: cst.While) -> None:
@@ -357,6 +358,9 @@ class StopMixin(TransformerBase):
             new = self._hanging_test(new)
         if stop.action == "any" or gate:
             what = self._outcome(stop, "when any of them would")
+        elif stop.kind == "work":
+            what = ("every process takes the `if` branch only when the test holds on every "
+                    f"process, else none does {self._to_work(stop)}, so the replicas stay equal")
         elif stop.how == "continue":
             what = ("every process goes on with the step only when the test holds on every "
                     "process, else all skip it")
@@ -376,6 +380,9 @@ class StopMixin(TransformerBase):
         """What deciding ``stop`` alike does, for the report."""
         if stop.kind == "gate":
             return f"every process takes the branch {self._to_collective(stop)} {when}"
+        if stop.kind == "work":
+            return (f"every process takes the `if` branch {when} {self._to_work(stop)}, so "
+                    "the replicas stay equal")
         if stop.how == "continue":
             return (f"every process skips the rest of the step {when} (a process skipping "
                     "alone would leave the others waiting in the next gradient all-reduce)")
@@ -391,6 +398,13 @@ class StopMixin(TransformerBase):
         if len(call) > 60:
             call = call[:57] + "..."
         return f"(to `{call}`, which every process must join)"
+
+    def _to_work(self, stop: Stop) -> str:
+        """What a ``work`` decision's branch does to the optimizer's work, for the report."""
+        what = _one_line(stop.collective) if stop.collective is not None else "a step"
+        if len(what) > 60:
+            what = what[:57] + "..."
+        return f"(a branch changes the optimizer's work: `{what}`)"
 
     def _test_too_long(self, stop: Stop, test: cst.BaseExpression) -> bool:
         """Would ``if <test>:`` run past the file's line length (a one-line test only)?"""
@@ -422,6 +436,14 @@ class StopMixin(TransformerBase):
                     f"rewritten: a collective in the test would not be reached alike "
                     f"({stop.why}). Decide it on a value every process agrees on, where all "
                     f"of them reach it (e.g. `{self.rt}.reduce(x, op=\"mean\")`)")
+        if stop.kind == "work":
+            reads = (f"reads {', '.join(f'`{n}`' for n in stop.names)}, which differ"
+                     if stop.names else "calls something whose result differs")
+            return (f"`if {test}:` {reads} between processes {self._to_work(stop)}: "
+                    "processes that decide differently train their replicas apart. Not "
+                    "rewritten: a collective in the test would not be reached alike "
+                    f"({stop.why}). Decide it on a value every process agrees on, where all "
+                    f"of them reach it (e.g. `{self.rt}.any_process(...)`)")
         if not stop.varies:
             return (f"exit from a training loop that only some processes may reach (`{test}`): "
                     f"{stop.why}, so they may leave at different steps and hang. Decide the "

@@ -26,7 +26,10 @@ class DataDependentCollective(LintRule):
     process that skips it leaves the others in the all-reduce), and ``sys.exit`` in a function
     the training loop calls (``sanity_check(batch)``): the test there is reported at its line.
     The same holds for a collective after a ``continue`` only some processes take, or in an
-    exception handler.
+    exception handler. An ``if`` on such a value whose branch changes the optimizer's work
+    (``optimizer.step()``, ``zero_grad()``, an in-place change of the weights or of
+    ``param_groups``) does not hang, but the processes that take it train their replicas
+    apart: it is reported too.
 
     This is the analysis ``distify convert`` uses to place its collectives (the values that
     differ between processes are followed through the loop: batches, model outputs, losses,
@@ -291,6 +294,13 @@ class _Context:
                                            if stop.action == "note" else ""))
         where = f" (in `{stop.function}`, which a training loop calls)" if stop.function \
             else ""
+        if stop.kind == "work":
+            what = " ".join(cst.Module([]).code_for_node(stop.collective).split()) \
+                if stop.collective is not None else "a step"
+            return (f"`if {test}:` {reads}, and a branch of it changes the optimizer's work "
+                    f"(`{what}`): processes that decide differently train their replicas "
+                    f"apart; {fix}" + (f" where all of them reach it ({stop.why})"
+                                       if stop.action == "note" else ""))
         if stop.how == "continue":
             return (f"`{test}` {reads}, and its `continue` skips the rest of a training step: a "
                     f"process that skips alone leaves the others waiting in the gradient "
