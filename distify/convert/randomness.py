@@ -12,6 +12,18 @@ Draws that take no generator (``np.random.permutation``, ``random.shuffle``,
 ``train_test_split`` without ``random_state=``) are reported, in set-up code of files that seed
 nothing. What counts as such a draw is the ``random_splits`` rule category.
 
+Draws that define the task, in a file that seeds nothing: ``W_target = torch.randn(4, 1) * 5``
+at import time (pytorch/examples' regression), a synthetic data set ``TensorDataset(
+torch.randn(40, 3), ...)``. Each process would draw its own: they learn different tasks (or
+shard different data sets), and a stop test on the reduced loss may never hold. In set-up code
+of a file that trains (outside loops and classes, not in a batch function),
+``torch.randn/rand/randint/normal(...)``
+→ ``...(..., generator=rt.shared_generator())``: the main process's draw on every process,
+exactly the original draw in a single process. One with ``device=`` (a CUDA draw needs a CUDA
+generator) and the NumPy and ``random`` draws are reported instead. Not done in a file that
+seeds (every process then draws alike already); a draw in a function that only some processes
+call would need every process to call it, as ``shared_generator`` says.
+
 Draws every process must make *differently*: the batches a script samples itself, and the noise
 of a training loop. Every rank runs the script's seed, so they would come out alike and N
 processes train on the same batches. Which draws these are is found over the whole module
@@ -33,7 +45,14 @@ from __future__ import annotations
 
 import libcst as cst
 
-from distify.analysis.draws import counts_the_data, how_to_seed, must_agree, seeds_itself
+from distify.analysis.draws import (
+    TORCH_LOOP_DRAWS,
+    counts_the_data,
+    draw_family,
+    how_to_seed,
+    must_agree,
+    seeds_itself,
+)
 from distify.analysis.draws_flow import DrawFlow, find_draw_flow
 from distify.convert.base import TransformerBase
 from distify.convert.syntax import _EQUAL, _code
@@ -41,6 +60,9 @@ from distify.convert.syntax import _EQUAL, _code
 _SPACE = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
 
 
+_UNSEEDED = ("`{}` is drawn in set-up code of a script that seeds nothing: each process "
+             "draws its own value, so if it defines the task (a target, a synthetic data set) "
+             "the processes learn different ones")
 _PER_PROCESS = ("batches drawn per process: each process draws its own random batches (world "
                 "size 1: the original draws)")
 
@@ -63,6 +85,9 @@ class RandomnessMixin(TransformerBase):
             per_process = self._draw_per_process(flow, original, updated, qual)
             if per_process is not None:
                 return per_process
+        task = self._share_task_draw(original, updated, qual)
+        if task is not None:
+            return task
         entry = self.rules.match("random_splits", qual)
         if entry is None or self._main_only_depth or any(a.star for a in original.args):
             return None
@@ -127,6 +152,36 @@ class RandomnessMixin(TransformerBase):
                        "script's seed they would be alike on every process; world size 1: the "
                        "original draws)")
         return new
+
+    def _share_task_draw(self, original: cst.Call, updated: cst.Call,
+                         qual: str) -> cst.BaseExpression | None:
+        """A draw in the set-up code of a file that seeds nothing (``W_target =
+        torch.randn(4, 1) * 5``) defines what is learnt: every process must draw the same."""
+        if self.facts.seeds or not self.facts.training.backward_scopes or self._loops \
+                or self._classes or self._main_only_depth or any(a.star for a in original.args):
+            return None  # a file that trains nothing has no task to agree on
+        keywords = {a.keyword.value for a in original.args if a.keyword}
+        name = _code(original.func)
+        if qual in TORCH_LOOP_DRAWS:
+            if "generator" in keywords:
+                return None
+            if "device" in keywords:  # a CUDA draw needs a CUDA generator: not the shared one
+                self._edit(updated, "random-task", f"{_UNSEEDED.format(name)}; seed every "
+                           "process with the same number first, or draw it on the CPU",
+                           human=True)
+                return None
+            new = self._with_shared_generator(updated)
+            self._edit(new, "shared-random", f"`{name}` draws from the main process's "
+                       f"generator (`{self.rt}.shared_generator()`): the script seeds nothing, "
+                       "so each process would draw its own value and learn a different task "
+                       "(world size 1: the original draw)")
+            return new
+        if draw_family(qual) in ("numpy", "python") \
+                and self.rules.match("random_splits", qual) is None:
+            self._edit(updated, "random-task", f"{_UNSEEDED.format(name)}; seed every process "
+                       "with the same number first (or draw it on the main process and "
+                       f"`{self.rt}.broadcast_object` it)", human=True)
+        return None
 
     def _shares_generator(self, call: cst.Call, name: str, keywords: set[str]) -> bool:
         if name != "randperm":
