@@ -53,7 +53,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler, SequentialSampler
 
-from . import _debug, _model, _objects, _random, _replicas, _state, _strategy, _stream
+from . import _debug, _draws, _model, _objects, _random, _replicas, _state, _strategy, _stream
 from ._tree import map_tensors, tensors_in
 
 #: units per broadcast of the shuffled order (rounded to a whole number of global batches)
@@ -158,6 +158,8 @@ class PreparedDataLoader:
         return getattr(original, name)
 
     def _batches(self) -> Iterator[tuple[Any, int]]:
+        if self._sampler is not None:
+            _draws.seed_workers(self._original, self._loader)
         for index, batch in enumerate(self._loader):
             yield batch, self._sampler.pad(index) if self._sampler is not None else 0
 
@@ -200,7 +202,9 @@ def prepare_loader(loader: DataLoader, shard: bool = True,
         stream = _RankStream(loader)
         return PreparedDataLoader(loader, _rebuild(loader, dataset=stream), None, device, stream)
     sampler = _ShardSampler.for_loader(loader)
-    return PreparedDataLoader(loader, _rebuild(loader, sampler=sampler), sampler, device)
+    rebuilt = _rebuild(loader, sampler=sampler)
+    rebuilt.generator = torch.Generator()  # its workers' seeds, per rank: _draws.seed_workers
+    return PreparedDataLoader(loader, rebuilt, sampler, device)
 
 
 def _train_mode(drop_last: bool) -> bool:

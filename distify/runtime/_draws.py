@@ -108,6 +108,28 @@ def python_random() -> Any:
     return generators.python
 
 
+def seed_workers(original: Any, rebuilt: Any) -> None:
+    """Give the worker processes of ``rebuilt`` (a sharded copy of the DataLoader ``original``
+    over a map-style dataset) seeds of this rank, before it is iterated.
+
+    torch seeds each worker (``torch``, ``random`` and NumPy) from a base seed that the
+    iterator draws from the loader's ``generator`` (else the global one). With the script's
+    seed on every rank, the base seeds would be equal, and so would every random augmentation
+    or pairing drawn in ``Dataset.__getitem__``: rank r's k-th sample augmented as rank 0's.
+    Here the base seed is drawn from ``original``'s generator exactly as its iterator would
+    (so this process's random numbers go on as in the original script), mixed with the rank,
+    and put into ``rebuilt.generator`` (a generator of its own), from which torch then draws.
+    A loader with persistent workers is seeded once, when its workers start, as torch does.
+    Not for a single process (the loader is the original there), nor for an IterableDataset
+    (every rank must read the same stream) or a loader prepared with ``shard=False``.
+    """
+    if rebuilt.persistent_workers and rebuilt.num_workers > 0 \
+            and getattr(rebuilt, "_iterator", None) is not None:
+        return
+    base = torch.empty((), dtype=torch.int64).random_(generator=original.generator).item()
+    rebuilt.generator.manual_seed(_rank_seed(base))
+
+
 def snapshot() -> dict[str, Any]:
     """This rank's generators' states (for ``save_state``)."""
     generators = _generators()
