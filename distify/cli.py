@@ -24,6 +24,8 @@ _COMMANDS = {
     "launch": ("distify.commands.launch", "Run a script on N processes or N machines."),
     "config": ("distify.commands.config", "Write a launch config, interactively or by flags."),
     "env": ("distify.commands.env", "Print versions, GPUs and the launch config for a bug report."),
+    "verify": ("distify.commands.verify",
+               "Run a script and its conversion side by side and check the conversion."),
     "test": ("distify.commands.selftest", "Check that 2 processes can train together here."),
 }
 _SIGPIPE_EXIT = 141  # what a shell reports for a process ended by SIGPIPE

@@ -1,0 +1,222 @@
+"""The checks of ``distify verify``, each on the runs' results (:class:`distify.verify.runs.Run`).
+
+Each returns a :class:`Check`: passed or not, and one line of evidence. A check whose runs did
+not finish fails, saying which run; it never passes for want of evidence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from distify.verify.runs import Run
+
+
+@dataclass(frozen=True)
+class Check:
+    number: int
+    name: str
+    ok: bool
+    evidence: str
+
+    def line(self) -> str:
+        return f"{'✓' if self.ok else '✗'} {self.name}: {self.evidence}"
+
+
+def _not_run(number: int, name: str, *runs: Run) -> Check | None:
+    for run in runs:
+        if run.timed_out:
+            return Check(number, name, False, f"not checked: {run.name} timed out")
+        if run.code != 0:
+            return Check(number, name, False, f"not checked: {run.name} failed "
+                                              f"(exit {run.code})")
+        missing = [r for r in range(run.processes) if r not in run.records]
+        if missing:
+            return Check(number, name, False, f"not checked: {run.name} left no record for "
+                                              f"rank {missing[0]}")
+    return None
+
+
+# ------------------------------------------------------------------- 1: world size 1 unchanged
+
+
+def world_size_1(original: Run, converted: Run) -> Check:
+    """Same stdout, same files (names, then bytes or tensor values), same final parameters."""
+    name = "world size 1 unchanged"
+    skipped = _not_run(1, name, original, converted)
+    if skipped:
+        return skipped
+    ours, theirs = original.stdout[0].splitlines(), converted.stdout[0].splitlines()
+    for number, (a, b) in enumerate(zip(ours, theirs), 1):
+        if a != b:
+            return Check(1, name, False, f"stdout line {number} differs: {a!r} (original) vs "
+                                         f"{b!r} (conversion)")
+    if len(ours) != len(theirs):
+        return Check(1, name, False, f"stdout has {len(ours)} lines (original) vs "
+                                     f"{len(theirs)} (conversion)")
+    if original.files != converted.files:
+        only = sorted(set(original.files) ^ set(converted.files))
+        by = "the original" if only[0] in original.files else "the conversion"
+        return Check(1, name, False, f"files written differ: {only[0]} is written by {by} only")
+    for relative in original.files:
+        difference = _file_difference(original.folder / relative, converted.folder / relative)
+        if difference:
+            return Check(1, name, False, f"{relative}: {difference}")
+    a, b = original.records[0]["trained"], converted.records[0]["trained"]
+    if not a:
+        return Check(1, name, False, "the original trained no parameter that verify could see "
+                                     "(no optimizer step, no training forward)")
+    differing = _first_difference(a, b)
+    if differing:
+        return Check(1, name, False, f"final parameters differ: {differing}")
+    files = f"{len(original.files)} file(s) identical" + (
+        f" ({', '.join(original.files[:3])})" if original.files else "")
+    return Check(1, name, True, f"stdout identical ({len(ours)} lines), {files}, "
+                                f"{len(a)} final parameters bit-identical")
+
+
+def _file_difference(ours: Path, theirs: Path) -> str | None:
+    if ours.read_bytes() == theirs.read_bytes():
+        return None
+    values = _torch_values(ours), _torch_values(theirs)
+    if values[0] is None or values[1] is None:
+        return "contents differ (not a torch file: compared byte for byte)"
+    difference = _value_difference(values[0], values[1], "")
+    return f"values differ at {difference or 'the top level'}" if difference is not False \
+        else None
+
+
+def _torch_values(path: Path):
+    import torch
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:
+        return None
+
+
+def _value_difference(a, b, where: str):
+    """False when equal; else where they first differ (a key path)."""
+    import torch
+
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        same = a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+        return False if same else (where or "a tensor")
+    if isinstance(a, dict) and isinstance(b, dict):
+        if list(a) != list(b):
+            return f"{where} keys {sorted(map(str, set(a) ^ set(b)))[:3]}" if set(a) != set(b) \
+                else f"{where} key order"
+        for key in a:
+            found = _value_difference(a[key], b[key], f"{where}[{key!r}]")
+            if found is not False:
+                return found
+        return False
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b) \
+            and type(a) is type(b):
+        for index, (x, y) in enumerate(zip(a, b)):
+            found = _value_difference(x, y, f"{where}[{index}]")
+            if found is not False:
+                return found
+        return False
+    return False if type(a) is type(b) and a == b else (where or "the top level")
+
+
+def _first_difference(a: list[dict], b: list[dict]) -> str | None:
+    if len(a) != len(b):
+        return f"{len(a)} trained parameters vs {len(b)}"
+    for x, y in zip(a, b):
+        if x["shape"] != y["shape"] or x["sha256"] != y["sha256"]:
+            return f"first {x['name']} (shape {x['shape']})"
+    return None
+
+
+# ------------------------------------------------------------------------ 2: replicas identical
+
+
+def replicas(job: Run) -> Check:
+    """Every rank ends with the same trained parameters as rank 0."""
+    name = "replicas identical"
+    skipped = _not_run(2, name, job)
+    if skipped:
+        return skipped
+    first = job.records[0]["trained"]
+    if not first:
+        return Check(2, name, False, "rank 0 trained no parameter that verify could see")
+    for rank in range(1, job.processes):
+        differing = _first_difference(first, job.records[rank]["trained"])
+        if differing:
+            return Check(2, name, False, f"rank {rank} differs from rank 0 at the end: "
+                                         f"{differing}")
+    return Check(2, name, True, f"{len(first)} parameters bit-identical on {job.processes} "
+                                "ranks at the end")
+
+
+# -------------------------------------------------------------------- 3: distinct data per rank
+
+
+def distinct_data(job: Run, script: str) -> Check:
+    """The first training forwards' inputs differ between every pair of ranks."""
+    name = "distinct data per rank"
+    skipped = _not_run(3, name, job)
+    if skipped:
+        return skipped
+    inputs = {rank: job.records[rank]["inputs"] for rank in range(job.processes)}
+    if not inputs[0]:
+        return Check(3, name, False, "rank 0 ran no training forward that verify could see")
+    for rank in range(1, job.processes):
+        for ours, theirs in zip(inputs[0], inputs[rank]):
+            if ours["sha256"] == theirs["sha256"]:
+                where = f" ({script}:{ours['line']})" if ours.get("line") else ""
+                return Check(3, name, False, f"ranks 0 and {rank} fed {ours['module']} the same "
+                                             f"batch{where}: the data is not sharded")
+    count = min(len(found) for found in inputs.values())
+    line = inputs[0][0].get("line")
+    where = f" ({script}:{line})" if line else ""
+    return Check(3, name, True, f"the first {count} training inputs of {inputs[0][0]['module']}"
+                                f"{where} differ between the {job.processes} ranks")
+
+
+# ------------------------------------------------------------------- 4: one printer, one writer
+
+
+def one_writer(job: Run, script: str) -> Check:
+    """Ranks other than 0 printed nothing on stdout and opened no file for writing."""
+    name = "only the main process printed and wrote files"
+    skipped = _not_run(4, name, job)
+    if skipped:
+        return skipped
+    for rank in range(1, job.processes):
+        printed = [line for line in job.stdout.get(rank, "").splitlines() if line.strip()]
+        if printed:
+            return Check(4, name, False, f"rank {rank} printed {len(printed)} line(s), the "
+                                         f"first: {printed[0][:80]!r}")
+        writes = job.records[rank]["writes"]
+        if writes:
+            first = writes[0]
+            shown = _shown(first["path"], job.folder)
+            return Check(4, name, False, f"rank {rank} wrote {shown} ({first['at']})"
+                                         + (f" and {len(writes) - 1} more" if len(writes) > 1
+                                            else ""))
+    others = "rank 1" if job.processes == 2 else f"ranks 1-{job.processes - 1}"
+    return Check(4, name, True, f"{others} printed nothing and wrote no file")
+
+
+def _shown(path: str, folder: Path) -> str:
+    try:
+        return Path(path).resolve().relative_to(folder.resolve()).as_posix()
+    except ValueError:
+        return path
+
+
+# ------------------------------------------------------------------------------- 6: no hang
+
+
+def no_hang(runs: list[Run], timeout: float) -> Check:
+    name = "no hang"
+    for run in runs:
+        if run.timed_out:
+            return Check(6, name, False, f"{run.name} was still running after {timeout:g} s "
+                                         "and was stopped")
+    longest = max(runs, key=lambda run: run.seconds)
+    return Check(6, name, True, f"{len(runs)} runs ended within {timeout:g} s each (longest: "
+                                f"{longest.name}, {longest.seconds:.1f} s)")

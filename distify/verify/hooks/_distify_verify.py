@@ -1,0 +1,320 @@
+"""What one process of a ``distify verify`` run did, written at exit to ``$DISTIFY_VERIFY_DIR``.
+
+Started by ``sitecustomize`` (this folder). At exit the process writes ``rank<RANK>.json``
+(``RANK`` from torchrun; 0 under plain ``python``) with:
+
+- ``trained``: name and sha256 of every trained parameter, in the same order on every rank
+  (the parameters of the optimizers that stepped, in ``param_groups`` order; without a step,
+  those of the modules that ran a training forward);
+- ``inputs``: sha256 of the input tensors of the first few *root training forwards* (a module
+  with trainable parameters called in training mode with gradients on, outside any other
+  module call), with the script line of the call;
+- ``writes``: every file opened for writing (the ``open`` audit event, and ``torch.save``'s
+  writer, which opens its file unaudited) by code of the script's folder, with the line of the
+  innermost such frame (writes of distify's runtime, which guards its own, are left out);
+- ``steps``: with ``DISTIFY_VERIFY_STEPS=K``, every ``DataLoader`` iteration stops after K
+  batches (per ``iter()``, so per epoch).
+
+It never changes what the script computes (hooks only read; no random numbers), except for the
+cap the user asked for with ``--steps``. torch is never imported by this module: the hooks are
+installed right after the script's own ``import torch`` (a meta path finder waits for it).
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import importlib.abc
+import importlib.util
+import itertools
+import json
+import os
+import sys
+import threading
+import traceback
+from typing import Any
+
+INPUT_FORWARDS = 3
+_WRITE = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+
+_directory = os.environ.get("DISTIFY_VERIFY_DIR", "")
+_script = os.path.abspath(os.environ.get("DISTIFY_VERIFY_SCRIPT", sys.argv[0] or ""))
+_steps = int(os.environ.get("DISTIFY_VERIFY_STEPS") or 0)
+_pid = os.getpid()
+_installed = False
+_errors: list[str] = []
+_optimizers: dict[int, Any] = {}
+_roots: dict[int, Any] = {}  # id -> (name, module or its named parameters)
+_inputs: list[dict] = []
+_writes: list[dict] = []
+_written: set[str] = set()
+_local = threading.local()
+_folder = os.path.dirname(_script) + os.sep
+_RUNTIME = os.sep + os.path.join("distify", "runtime") + os.sep
+_torch: Any = None
+_ignored = tuple(p for p in (_directory, os.environ.get("DISTIFY_LOG_DIR"), "/dev/", "/proc/")
+                 if p)
+
+
+def start() -> None:
+    """Called by sitecustomize: audit writes now, hook torch once imported, record at exit."""
+    atexit.register(_write_record)
+    sys.addaudithook(_audit)
+    if "torch" in sys.modules:
+        _install()
+    else:
+        sys.meta_path.insert(0, _AfterTorchImport())
+
+
+class _AfterTorchImport(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: it makes the real loader of ``torch`` install the hooks after it."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch":
+            return None
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            _errors.append(f"cannot hook the import of torch (loader {loader!r})")
+            return spec
+        exec_module = loader.exec_module
+
+        def exec_then_install(module):
+            exec_module(module)
+            _install()
+
+        loader.exec_module = exec_then_install
+        return spec
+
+
+def _install() -> None:
+    global _installed, _torch
+    if _installed:
+        return
+    _installed = True
+    try:
+        import torch
+        import torch.serialization
+        from torch.nn.modules import module as nn_module
+        from torch.optim import optimizer as optim_module
+        from torch.utils.data import DataLoader
+
+        _torch = torch
+        optim_module.register_optimizer_step_post_hook(_after_step)
+        nn_module.register_module_forward_pre_hook(_before_forward)
+        nn_module.register_module_forward_hook(_after_forward, with_kwargs=True,
+                                               always_call=True)
+        _watch_torch_save(torch.serialization)
+        if _steps > 0:
+            iterate = DataLoader.__iter__
+
+            def capped(self):
+                return itertools.islice(iterate(self), _steps)
+
+            DataLoader.__iter__ = capped
+    except Exception:
+        _errors.append("installing the hooks failed:\n" + traceback.format_exc())
+
+
+# ----------------------------------------------------------------------------------- writes
+
+
+def _from_runtime(frame) -> bool:
+    """distify's runtime writes on purpose (``distify.save`` on the main process, its own
+    temporary files): those writes are its own tests' business, not a conversion's."""
+    while frame is not None:
+        if _RUNTIME in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _script_line(frame) -> int | None:
+    while frame is not None:
+        if frame.f_code.co_filename == _script:
+            return frame.f_lineno
+        frame = frame.f_back
+    return None
+
+
+def _user_frame(frame):
+    """The innermost frame of code in the run's folder (the script or its local modules)."""
+    while frame is not None:
+        if os.path.abspath(frame.f_code.co_filename).startswith(_folder):
+            return frame
+        frame = frame.f_back
+    return None
+
+
+def _audit(event: str, args: tuple) -> None:
+    if event != "open":
+        return
+    flags = args[2]
+    if type(flags) is int and flags & _WRITE and not isinstance(args[0], int):
+        _note_write(args[0], sys._getframe(1))
+
+
+def _note_write(path: Any, frame) -> None:
+    if getattr(_local, "busy", False):
+        return
+    _local.busy = True
+    try:
+        full = os.path.abspath(os.fsdecode(path))
+        if full in _written or full.startswith(_ignored) or "__pycache__" in full \
+                or _from_runtime(frame):
+            return
+        user = _user_frame(frame)
+        if user is None:  # no code of the script's folder on the stack: a library's own file
+            return
+        _written.add(full)
+        _writes.append({"path": full, "at": f"{os.path.relpath(user.f_code.co_filename, _folder)}"
+                                             f":{user.f_lineno}"})
+    except (TypeError, ValueError):
+        return
+    finally:
+        _local.busy = False
+
+
+def _watch_torch_save(serialization: Any) -> None:
+    writer = getattr(serialization, "_open_zipfile_writer_file", None)
+    if not isinstance(writer, type):
+        _errors.append("torch.save's writer class not found: its writes are not audited")
+        return
+
+    class _Audited(writer):
+        def __init__(self, name: str, *args: Any, **kwargs: Any) -> None:
+            _note_write(name, sys._getframe(1))
+            super().__init__(name, *args, **kwargs)
+
+    serialization._open_zipfile_writer_file = _Audited
+
+
+# ----------------------------------------------------------------------------------- hooks
+
+
+def _after_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    _optimizers.setdefault(id(optimizer), optimizer)
+
+
+def _before_forward(module: Any, args: Any) -> None:
+    if _torch.compiler.is_compiling():
+        return None
+    _local.depth = getattr(_local, "depth", 0) + 1
+    return None
+
+
+def _after_forward(module: Any, args: Any, *rest: Any) -> None:
+    if _torch.compiler.is_compiling():
+        return None
+    depth = getattr(_local, "depth", 1) - 1
+    _local.depth = depth
+    if depth == 0 and len(rest) == 2 and module.training and _torch.is_grad_enabled() \
+            and threading.current_thread() is threading.main_thread():
+        try:
+            _record_root(module, args, rest[0])
+        except Exception:
+            if len(_errors) < 5:
+                _errors.append("recording a training forward failed:\n" + traceback.format_exc())
+    return None
+
+
+def _unwrap(module: Any) -> Any:
+    distributed = sys.modules.get("torch.nn.parallel.distributed")
+    ddp = getattr(distributed, "DistributedDataParallel", None)
+    while True:
+        if ddp is not None and isinstance(module, ddp):
+            module = module.module
+        elif type(module).__name__ == "OptimizedModule" and \
+                isinstance(getattr(module, "_orig_mod", None), _torch.nn.Module):
+            module = module._orig_mod
+        else:
+            return module
+
+
+def _record_root(module: Any, args: Any, kwargs: Any) -> None:
+    root = _unwrap(module)
+    if not any(p.requires_grad for p in root.parameters()):
+        return  # a loss function or a frozen model: nothing of it trains
+    # parameters, not the module: a module holding a DDP object would keep the group alive
+    _roots.setdefault(id(root), (type(root).__name__, list(root.named_parameters())))
+    if len(_inputs) < INPUT_FORWARDS:
+        digest = hashlib.sha256()
+        tensors = _tensors((args, kwargs))
+        for tensor in tensors:
+            digest.update(f"{tensor.dtype}{list(tensor.shape)}".encode())
+            digest.update(_tensor_bytes(tensor))
+        _inputs.append({"module": type(root).__name__, "sha256": digest.hexdigest(),
+                        "tensors": len(tensors), "line": _script_line(sys._getframe(1))})
+
+
+def _tensors(obj: Any, depth: int = 0) -> list:
+    if isinstance(obj, _torch.Tensor):
+        return [obj]
+    if depth > 8:
+        return []
+    if isinstance(obj, dict):
+        return [t for key in sorted(obj, key=str) for t in _tensors(obj[key], depth + 1)]
+    if isinstance(obj, (list, tuple)):
+        return [t for item in obj for t in _tensors(item, depth + 1)]
+    return []
+
+
+def _tensor_bytes(tensor: Any) -> bytes:
+    t = tensor.detach()
+    if t.layout != _torch.strided:
+        t = t.to_dense()
+    t = t.cpu().resolve_conj().resolve_neg().contiguous().reshape(-1).view(_torch.uint8)
+    try:
+        return t.numpy().tobytes()
+    except (RuntimeError, TypeError):  # numpy missing
+        return bytes(t.tolist())
+
+
+def _trained() -> list[dict]:
+    names: dict[int, str] = {}
+    for name, parameters in _roots.values():
+        for sub, parameter in parameters:
+            names.setdefault(id(parameter), f"{name}.{sub}")
+    if _optimizers:
+        parameters = [(names.get(id(p), f"optimizer{n}.group{g}.param{k}"), p)
+                      for n, optimizer in enumerate(_optimizers.values())
+                      for g, group in enumerate(optimizer.param_groups)
+                      for k, p in enumerate(group["params"])]
+    else:
+        parameters = [(names[id(p)], p) for _, named in _roots.values() for _, p in named]
+    entries, seen = [], set()
+    for name, parameter in parameters:
+        if id(parameter) not in seen:
+            seen.add(id(parameter))
+            entries.append({"name": name, "shape": list(parameter.shape),
+                            "sha256": hashlib.sha256(_tensor_bytes(parameter)).hexdigest()})
+    return entries
+
+
+# ------------------------------------------------------------------------------ the record
+
+
+def _write_record() -> None:
+    mp = sys.modules.get("multiprocessing")
+    if os.getpid() != _pid or (mp is not None and mp.parent_process() is not None):
+        return  # a forked or spawned child (a DataLoader worker): not the rank's record
+    rank = os.environ.get("RANK", "0")
+    record: dict[str, Any] = {
+        "rank": int(rank), "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+        "failed": hasattr(sys, "last_value"), "hooked": _torch is not None,
+        "trained": [], "inputs": _inputs, "writes": _writes, "errors": _errors,
+    }
+    try:
+        if _torch is not None:
+            record["trained"] = _trained()
+    except Exception:
+        _errors.append("hashing the trained parameters failed:\n" + traceback.format_exc())
+    path = os.path.join(_directory, f"rank{rank}.json")
+    try:
+        with open(f"{path}.tmp", "w") as out:
+            json.dump(record, out, indent=1)
+        os.replace(f"{path}.tmp", path)
+    except OSError as err:
+        print(f"distify verify: cannot write {path}: {err}", file=sys.stderr, flush=True)

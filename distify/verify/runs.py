@@ -1,0 +1,171 @@
+"""The runs of ``distify verify``: each in its own temporary copy of the script's folder.
+
+A run on 1 process is ``python SCRIPT`` (what a converted script must match at world size 1:
+no launcher). A run on N processes is the torchrun job ``distify launch`` would start
+(:func:`distify.launch.torchrun.build_plan`, with its log folder: every rank's stdout lands in
+its own file there). Every process is instrumented by ``hooks/sitecustomize.py`` on
+``PYTHONPATH`` (see ``hooks/_distify_verify.py``); each run has a timeout, after which its whole
+process group is killed.
+
+What it deliberately does not do: copy files of 16 MiB or more (data sets, checkpoints): they are
+linked into the copy, so a run that writes into one of them in place would change the user's
+file (reading them, as training scripts do, is safe).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HOOKS = Path(__file__).resolve().parent / "hooks"
+_LINK_FROM = 16 << 20
+_SKIP = shutil.ignore_patterns(".git", "__pycache__", ".venv", "venv", ".ipynb_checkpoints")
+
+
+@dataclass(frozen=True)
+class Run:
+    """How one run ended and what its processes recorded."""
+
+    name: str
+    processes: int
+    folder: Path
+    code: int
+    timed_out: bool
+    seconds: float
+    stdout: dict[int, str]  # rank -> its stdout
+    stderr: str
+    records: dict[int, dict] = field(default_factory=dict)  # rank -> _distify_verify's record
+    files: tuple[str, ...] = ()  # written or changed in the folder, relative paths
+    log: str | None = None  # the job's stderr as a file (for failure_summary), N processes
+
+    @property
+    def ok(self) -> bool:
+        return self.code == 0 and not self.timed_out
+
+
+def copy_folder(source: Path, target: Path) -> None:
+    """Copy ``source`` to ``target`` (big files linked, not copied: see the module docstring)."""
+
+    def copy(src: str, dst: str) -> str:
+        if os.path.getsize(src) >= _LINK_FROM:
+            os.symlink(os.path.abspath(src), dst)
+            return dst
+        return shutil.copy2(src, dst)
+
+    shutil.copytree(source, target, ignore=_SKIP, copy_function=copy, symlinks=True)
+
+
+def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
+    found = {}
+    for path in folder.rglob("*"):
+        if path.is_file() and not path.is_symlink() and "__pycache__" not in path.parts:
+            stat = path.stat()
+            found[path.relative_to(folder).as_posix()] = (stat.st_size, stat.st_mtime_ns)
+    return found
+
+
+def _env(records: Path, script: Path, steps: int | None, extra: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DISTIFY_VERIFY")}
+    env.update(extra)
+    python_path = [str(HOOKS), *filter(None, [env.get("PYTHONPATH")])]
+    env.update({"PYTHONPATH": os.pathsep.join(python_path), "DISTIFY_VERIFY_DIR": str(records),
+                "DISTIFY_VERIFY_SCRIPT": str(script), "PYTHONDONTWRITEBYTECODE": "1",
+                "PYTHONUNBUFFERED": "1"})
+    if steps:
+        env["DISTIFY_VERIFY_STEPS"] = str(steps)
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                 "MASTER_PORT"):
+        env.pop(name, None)  # verify itself run under a launcher: each run starts afresh
+    return env
+
+
+def _execute(argv: Sequence[str], cwd: Path, env: dict[str, str],
+             timeout: float) -> tuple[int, bool, str, str, float]:
+    started = time.monotonic()
+    child = subprocess.Popen(list(argv), cwd=cwd, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                             start_new_session=True)
+    timed_out = False
+    try:
+        out, err = child.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+        out, err = child.communicate()
+    except BaseException:  # Ctrl-C: leave nothing running
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+        raise
+    seconds = time.monotonic() - started
+    return (child.returncode, timed_out, out.decode(errors="replace"),
+            err.decode(errors="replace"), seconds)
+
+
+def _records(directory: Path) -> dict[int, dict]:
+    found = {}
+    for path in sorted(directory.glob("rank*.json")):
+        with contextlib.suppress(OSError, ValueError):
+            record = json.loads(path.read_text())
+            found[int(record["rank"])] = record
+    return found
+
+
+def run_single(name: str, script: Path, folder: Path, args: Sequence[str], *, cpu: bool,
+               timeout: float, steps: int | None, work: Path) -> Run:
+    """``python script args`` in ``folder`` (the run's copy), 1 process, no launcher; ``cpu``
+    hides the GPUs (``CUDA_VISIBLE_DEVICES=""``), as the runtime's ``DISTIFY_USE_CPU`` does."""
+    records = work / f"{name}-records"
+    records.mkdir(parents=True)
+    before = _snapshot(folder)
+    code, timed_out, out, err, seconds = _execute(
+        [sys.executable, str(script), *args], folder,
+        _env(records, script, steps, {"CUDA_VISIBLE_DEVICES": "", "DISTIFY_USE_CPU": "1"}
+             if cpu else {}),
+        timeout)
+    return Run(name, 1, folder, code, timed_out, seconds, {0: out}, err, _records(records),
+               _changed(folder, before))
+
+
+def run_parallel(name: str, script: Path, folder: Path, args: Sequence[str], *, processes: int,
+                 cpu: bool, timeout: float, steps: int | None, work: Path) -> Run:
+    """The job ``distify launch --num_processes N [--cpu] script args`` runs, in ``folder``."""
+    from distify.launch.config import default_config, with_overrides
+    from distify.launch.torchrun import build_plan
+
+    records, log_dir = work / f"{name}-records", work / f"{name}-logs"
+    records.mkdir(parents=True)
+    log_dir.mkdir(parents=True)
+    cfg = with_overrides(default_config(), num_processes=processes, use_cpu=cpu or None)
+    plan = build_plan(cfg, str(script), list(args), log_dir=str(log_dir))
+    before = _snapshot(folder)
+    env = _env(records, script, steps, {**plan.env, "DISTIFY_VERIFY_LAUNCHED": "1"})
+    code, timed_out, out, err, seconds = _execute(plan.argv, folder, env, timeout)
+    log = work / f"{name}-stderr.log"
+    log.write_text(err)
+    return Run(name, processes, folder, code, timed_out, seconds, _rank_stdout(log_dir), err,
+               _records(records), _changed(folder, before), str(log))
+
+
+def _rank_stdout(log_dir: Path) -> dict[int, str]:
+    """Each local rank's stdout (torchrun's ``<run>/attempt_<n>/<local rank>/stdout.log``; one
+    machine, so local rank = global rank); the last attempt's."""
+    found: dict[int, str] = {}
+    for path in sorted(log_dir.glob("*/attempt_*/*/stdout.log")):
+        with contextlib.suppress(OSError, ValueError):
+            found[int(path.parent.name)] = path.read_text(errors="replace")
+    return found
+
+
+def _changed(folder: Path, before: dict[str, tuple[int, int]]) -> tuple[str, ...]:
+    after = _snapshot(folder)
+    return tuple(sorted(name for name, stat in after.items() if before.get(name) != stat))

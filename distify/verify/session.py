@@ -1,0 +1,131 @@
+"""One ``distify verify``: convert if asked, make the runs, run the checks.
+
+Runs, each in its own temporary copy of the script's folder (nothing is written beside the
+script): the original on 1 process, the conversion on 1 process (plain ``python``), and the
+conversion on N processes (the job ``distify launch`` would run). The original runs first: if it
+fails on its own there is nothing to verify, and the other runs are not made.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from distify.errors import UserError
+from distify.verify import checks
+from distify.verify.checks import Check
+from distify.verify.runs import Run, copy_folder, run_parallel, run_single
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What ``verify`` found: the checks (empty when the original failed) and the runs."""
+
+    original: str
+    converted: str  # as the user named it, or "<converted in a temporary folder>"
+    runs: tuple[Run, ...]
+    checks: tuple[Check, ...]
+
+    @property
+    def original_failed(self) -> bool:
+        return not self.runs[0].ok
+
+    @property
+    def ok(self) -> bool:
+        return not self.original_failed and all(check.ok for check in self.checks)
+
+
+def verify(original: Path, converted: Path | None, args: Sequence[str], *, processes: int,
+           cpu: bool, steps: int | None, timeout: float) -> Outcome:
+    """Run ``original`` and its conversion and check them (see the module docstring).
+
+    Args:
+        original: the single-process script (or notebook: its code cells, as a script).
+        converted: its conversion; None: converted here, in a temporary folder.
+        args: the script's arguments, the same for every run.
+        processes: N, the processes of the distributed run (2 or more).
+        cpu: run on CPUs (Gloo) even where GPUs are present.
+        steps: cap every DataLoader iteration at this many batches; None: whole loops.
+        timeout: seconds each run may take before it is stopped.
+
+    Raises:
+        UserError: the script cannot be read or converted.
+    """
+    work = Path(tempfile.mkdtemp(prefix="distify-verify-"))
+    try:
+        return _verify(original, converted, args, processes=processes, cpu=cpu, steps=steps,
+                       timeout=timeout, work=work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _verify(original: Path, converted: Path | None, args: Sequence[str], *, processes: int,
+            cpu: bool, steps: int | None, timeout: float, work: Path) -> Outcome:
+    source = _script_text(original)
+    if converted is not None:
+        converted_text = _script_text(converted)
+        converted_home = converted.resolve().parent
+    else:
+        converted_text = _convert(source, str(original))
+        converted_home = original.resolve().parent
+    stem = original.stem
+    original_folder = work / "original"
+    copy_folder(original.resolve().parent, original_folder)
+    original_script = original_folder / f"{stem}.py"
+    original_script.write_text(source, encoding="utf-8")
+    if converted is not None and not converted.name.endswith(".ipynb"):
+        converted_name = converted.name
+    else:
+        converted_name = f"{stem}_dist.py"
+    shown = str(converted) if converted is not None else "<converted in a temporary folder>"
+    first = run_single("the original on 1 process", original_script, original_folder, args,
+                       cpu=cpu, timeout=timeout, steps=steps, work=work / "r0")
+    if not first.ok:
+        return Outcome(str(original), shown, (first,), ())
+    folders = []
+    for number in (1, 2):
+        folder = work / f"conversion{number}"
+        copy_folder(converted_home, folder)
+        (folder / converted_name).write_text(converted_text, encoding="utf-8")
+        folders.append(folder)
+    single = run_single("the conversion on 1 process", folders[0] / converted_name, folders[0],
+                        args, cpu=cpu, timeout=timeout, steps=steps, work=work / "r1")
+    job = run_parallel(f"the conversion on {processes} processes", folders[1] / converted_name,
+                       folders[1], args, processes=processes, cpu=cpu, timeout=timeout,
+                       steps=steps, work=work / "r2")
+    runs = [first, single, job]
+    shown_name = converted.name if converted is not None else converted_name
+    found = (checks.world_size_1(first, single), checks.replicas(job),
+             checks.distinct_data(job, shown_name), checks.one_writer(job, shown_name),
+             checks.no_hang(runs, timeout))
+    return Outcome(str(original), shown, tuple(runs), found)
+
+
+def _script_text(path: Path) -> str:
+    """The script's source; a notebook's code cells as a script."""
+    from distify.notebook import is_notebook
+
+    if is_notebook(path):
+        from distify.notebook import read_notebook, to_script
+
+        return to_script(read_notebook(path)).text
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise UserError(f"cannot read the script: {err}", path=str(path)) from None
+
+
+def _convert(source: str, path: str) -> str:
+    from distify.convert.engine import convert_source
+    from distify.lint.config import load_config
+    from distify.rules import load_rules
+
+    rules = load_rules(list(load_config(start=Path(path).resolve().parent).rules))
+    result = convert_source(source.encode("utf-8"), path, rules)
+    if not result.changed:
+        why = f": {result.reason}" if result.reason else ""
+        raise UserError(f"the conversion changes nothing{why}; nothing to verify", path=path)
+    return result.output.decode("utf-8")
