@@ -187,7 +187,7 @@ def console_for(cfg: LaunchConfig, log_dir: str, *, all_ranks: bool = False) -> 
 
 
 class _StdoutCopy(threading.Thread):
-    """Copies the workers' stdout files to ``out`` as they grow (every 50 ms at most): global
+    """Copies the workers' stdout files to ``out`` as they grow (looked at every 50 ms): global
     rank 0's as it is, or with ``all_ranks`` every local worker's, each line prefixed with
     ``[rankN]: `` (the prefix torch gives their stderr). After a restart it follows torchrun's
     newest attempt. Bytes are copied as written: ``\\r`` progress lines stay progress lines."""
