@@ -23,6 +23,9 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
+from distify.convert.engine import convert_source
 from tests.helpers import FIXTURES, REPO, clean_env
 
 STANDIN = REPO / "tests" / "device_standin"
@@ -36,8 +39,6 @@ CANNOT_RUN_HERE = ("ModuleNotFoundError: No module named", "URLError: <urlopen e
 
 #: fixtures that do not run to their end under the stand-in: the error they stop with, and why
 KNOWN = {
-    "full_batch/gcn.out": (MIXED, "args.cuda (--no-cuda, or no CUDA) keeps the features on the "
-                           "CPU, but prepare moves the model to the accelerator"),
     "bptt/word_lm.out": ("_thnn_fused_", _FUSED),
     "idioms/wrapper_calls.out": ("_thnn_fused_", _FUSED),
     "models/manual_sgd.out": ("_thnn_fused_", _FUSED),
@@ -45,6 +46,10 @@ KNOWN = {
                                 "accelerator but torch.cuda.device_count() is 0"),
     "convert/ddp_by_hand.noop": ("RANK expected", "hand-written DDP: needs a launcher"),
 }
+
+#: fixtures whose own flag chooses the CPU under the stand-in (``torch.cuda.is_available()`` is
+#: False there), so their models must stay on the CPU with their data
+CHOSE_CPU = {"full_batch/gcn.out"}  # args.cuda = not args.no_cuda and torch.cuda.is_available()
 
 #: a word that shows a script uses, or may use, an accelerator (in a comment too)
 _ACCELERATOR = re.compile(r"(?<![A-Za-z])(cuda|mps|xpu|gpus?|accelerators?|nccl|device_ids)"
@@ -101,7 +106,9 @@ def test_every_converted_fixture_meets_its_data_on_one_device(tmp_path: Path) ->
             print(f"{name} cannot run here: {result['error'].splitlines()[-1]}")
         elif not result["ok"]:
             wrong.append(f"{name}: {result['error']}")
-        elif result["models"] not in ([], ["standin"]):
+        elif name in CHOSE_CPU and result["models"] != ["cpu"]:
+            wrong.append(f"{name}: its flag chose the CPU, its models are on {result['models']}")
+        elif name not in CHOSE_CPU and result["models"] not in ([], ["standin"]):
             wrong.append(f"{name}: prepared models on {result['models']}, not the stand-in")
     assert not wrong, "\n".join(wrong)
     on_standin = [name for name in folders if results[str(folders[name])]["models"]]
@@ -125,12 +132,12 @@ OLD_STYLE = textwrap.dedent("""\
 def test_the_standin_fails_a_conversion_that_mixes_devices(tmp_path: Path) -> None:
     """The negative case, through the ``sitecustomize`` start-up hook: a model prepared onto the
     device and an input the script built on the CPU stop with torch's device error; the same
-    script runs with the input moved, or with the runtime kept on the CPU
-    (``distify.init(cpu=True)``: prepare leaves the model where the script's tensors are)."""
+    script runs with the input moved, or with the runtime kept on the CPU by the script's choice
+    (``distify.device_choice(False)``: prepare leaves the model where the script's tensors are)."""
     env = clean_env(PYTHONPATH=f"{STANDIN}:{REPO}", DISTIFY_TEST_STANDIN="1")
     runs = {}
     for name, init, move in (("mixed", "", ""), ("moved", "", ".to(distify.device())"),
-                             ("cpu", "distify.init(cpu=True)", "")):
+                             ("cpu", "distify.device_choice(False)", "")):
         (tmp_path / f"{name}.py").write_text(OLD_STYLE.format(init=init, move=move))
         runs[name] = subprocess.run([sys.executable, f"{name}.py"], cwd=tmp_path, env=env,
                                     capture_output=True, text=True, timeout=120)
@@ -141,3 +148,35 @@ def test_the_standin_fails_a_conversion_that_mixes_devices(tmp_path: Path) -> No
     assert "model on standin:0" in runs["moved"].stdout and "output" in runs["moved"].stdout
     assert runs["cpu"].returncode == 0, runs["cpu"].stderr
     assert "model on cpu" in runs["cpu"].stdout and "output" in runs["cpu"].stdout
+
+
+_FLAG_HEAD = """\
+import argparse
+import torch
+import wandb
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--no-cuda", action="store_true")
+parser.add_argument("--accel", action="store_true")
+args = parser.parse_args()
+"""
+
+
+@pytest.mark.parametrize(("line", "expected"), [
+    pytest.param("use_cuda = not args.no_cuda and torch.cuda.is_available()",
+                 "use_cuda = distify.device_choice(not args.no_cuda and "
+                 "torch.cuda.is_available())", id="no-cuda-flag"),
+    pytest.param("use_accel = args.accel and torch.accelerator.is_available()",
+                 "use_accel = distify.device_choice(args.accel and "
+                 "torch.accelerator.is_available())", id="opt-in-accel-flag"),
+    pytest.param("use_cuda = torch.cuda.is_available()", None, id="no-flag-noop"),
+    pytest.param("use_wandb = args.accel and wandb.is_available()", None, id="not-torch-noop"),
+])
+def test_a_flag_that_chooses_the_device_still_chooses_it(line: str, expected: str | None) -> None:
+    source = f"{_FLAG_HEAD}{line}\n"
+    result = convert_source(source.encode(), "train.py")
+    if expected is None:
+        assert line in result.output.decode() and b"device_choice" not in result.output
+    else:
+        assert expected in result.output.decode()
+        assert any("a flag chooses the device" in c.message for c in result.changes)

@@ -86,8 +86,34 @@ class DeviceMixin(TransformerBase):
         ``gpu_id = rt.device()`` (a setting read by ``.to(...)`` elsewhere)."""
         if len(updated.targets) != 1:
             return updated
+        choice = self._device_choice(updated.value)
+        if choice is not None:
+            return updated.with_changes(value=choice)
         name = _last_name(updated.targets[0].target)
         return self._setting(updated, name)
+
+    def _device_choice(self, value: cst.BaseExpression) -> cst.BaseExpression | None:
+        """``use_cuda = not args.no_cuda and torch.cuda.is_available()`` →
+        ``use_cuda = rt.device_choice(not args.no_cuda and ...)``: a flag that chose the CPU
+        still does, and ``prepare`` keeps the model there with the script's own tensors."""
+        if not isinstance(value, cst.BooleanOperation):
+            return None
+        operands = _operands(value)
+        checks = [o for o in operands if self._is_availability(o)]
+        if not checks or len(checks) == len(operands):
+            return None
+        new = self._rt_call("device_choice", value)
+        self._edit(new, "device", "a flag chooses the device here: where it says CPU, "
+                   f"`{self.rt}.device_choice` keeps the process (and the prepared model) on the "
+                   "CPU, as the script did")
+        return new
+
+    def _is_availability(self, node: cst.BaseExpression) -> bool:
+        while isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not):
+            node = node.expression
+        qual = self._qual(node.func) if isinstance(node, cst.Call) else None
+        return bool(qual) and qual.startswith("torch.") and qual.endswith(
+            (".is_available", ".device_count"))
 
     def leave_AnnAssign(self, original: cst.AnnAssign, updated: cst.AnnAssign) -> cst.AnnAssign:
         """``device: str = "cuda"`` in a config class, as an assignment."""
@@ -155,6 +181,13 @@ class DeviceMixin(TransformerBase):
             self._edit(new, "device", "each process uses its own device")
             return new
         return updated
+
+
+def _operands(node: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """The operands of a chain of ``and``/``or``."""
+    if isinstance(node, cst.BooleanOperation):
+        return [*_operands(node.left), *_operands(node.right)]
+    return [node]
 
 
 def _is_gpu(arg: cst.Arg) -> bool:

@@ -34,6 +34,7 @@ from ._prepare import prepare
 from ._split import shard_stream
 from ._state import (
     device,
+    device_choice,
     init,
     is_local_main_process,
     is_main_process,
@@ -52,5 +53,5 @@ __all__ = [
     "open", "prepare", "print", "rank", "reduce", "reduce_meters", "save", "set_seed",
     "shared_generator", "sync_gradients", "unwrap", "wait_for_everyone", "world_size",
     "data_generator", "numpy_random", "python_random", "save_state", "load_state", "shard_stream",
-    "any_process", "all_processes",
+    "any_process", "all_processes", "device_choice",
 ]

@@ -205,6 +205,25 @@ def device() -> torch.device:
     return settings().device
 
 
+def device_choice(chosen: bool) -> bool:
+    """The script's own choice of the accelerator, made by a flag
+    (``not args.no_cuda and torch.cuda.is_available()``): False keeps this process on the CPU,
+    as the script did, so :func:`prepare` leaves the model with the tensors the script builds.
+
+    Args:
+        chosen: whether the script chose the accelerator.
+
+    Returns:
+        ``chosen``, so the script's own tests of it keep their meaning.
+
+    Raises:
+        DistifyError: False after the runtime started on an accelerator.
+    """
+    if not chosen:
+        init(cpu=True)
+    return chosen
+
+
 def rank() -> int:
     """Global rank of this process (0 for a single process)."""
     return settings().rank
