@@ -179,24 +179,25 @@ def distinct_data(job: Run, script: str) -> Check:
 # ------------------------------------------------------------------- 4: one printer, one writer
 
 
-def one_writer(job: Run, script: str) -> Check:
+def one_writer(job: Run) -> Check:
     """Ranks other than 0 printed nothing on stdout and opened no file for writing."""
     name = "only the main process printed and wrote files"
     skipped = _not_run(4, name, job)
     if skipped:
         return skipped
+    problems = []
     for rank in range(1, job.processes):
         printed = [line for line in job.stdout.get(rank, "").splitlines() if line.strip()]
         if printed:
-            return Check(4, name, False, f"rank {rank} printed {len(printed)} line(s), the "
-                                         f"first: {printed[0][:80]!r}")
+            problems.append(f"rank {rank} printed {len(printed)} line(s), the first: "
+                            f"{printed[0][:80]!r}")
         writes = job.records[rank]["writes"]
         if writes:
-            first = writes[0]
-            shown = _shown(first["path"], job.folder)
-            return Check(4, name, False, f"rank {rank} wrote {shown} ({first['at']})"
-                                         + (f" and {len(writes) - 1} more" if len(writes) > 1
-                                            else ""))
+            more = f" and {len(writes) - 1} more file(s)" if len(writes) > 1 else ""
+            problems.append(f"rank {rank} wrote {_shown(writes[0]['path'], job.folder)} "
+                            f"({writes[0]['at']}){more}")
+    if problems:
+        return Check(4, name, False, "; ".join(problems[:2]))
     others = "rank 1" if job.processes == 2 else f"ranks 1-{job.processes - 1}"
     return Check(4, name, True, f"{others} printed nothing and wrote no file")
 

@@ -99,7 +99,7 @@ def _verify(original: Path, converted: Path | None, args: Sequence[str], *, proc
     runs = [first, single, job]
     shown_name = converted.name if converted is not None else converted_name
     found = (checks.world_size_1(first, single), checks.replicas(job),
-             checks.distinct_data(job, shown_name), checks.one_writer(job, shown_name),
+             checks.distinct_data(job, shown_name), checks.one_writer(job),
              checks.no_hang(runs, timeout))
     return Outcome(str(original), shown, tuple(runs), found)
 

@@ -121,29 +121,23 @@ def _install() -> None:
 # ----------------------------------------------------------------------------------- writes
 
 
-def _from_runtime(frame) -> bool:
-    """distify's runtime writes on purpose (``distify.save`` on the main process, its own
-    temporary files): those writes are its own tests' business, not a conversion's."""
+def _user_call(frame):
+    """The innermost frame of code in the run's folder (the script or its local modules) and
+    whether what it called is distify's runtime: ``distify.save`` writes on the main process
+    on purpose, a guard the runtime's own tests cover. (The runtime also wraps torch.save's
+    writer on other ranks to warn: that wrapper, deeper in the stack, is not the call.)"""
+    callee = None
     while frame is not None:
-        if _RUNTIME in frame.f_code.co_filename:
-            return True
-        frame = frame.f_back
-    return False
+        if os.path.abspath(frame.f_code.co_filename).startswith(_folder):
+            return frame, callee is not None and _RUNTIME in callee.f_code.co_filename
+        callee, frame = frame, frame.f_back
+    return None, False
 
 
 def _script_line(frame) -> int | None:
     while frame is not None:
         if frame.f_code.co_filename == _script:
             return frame.f_lineno
-        frame = frame.f_back
-    return None
-
-
-def _user_frame(frame):
-    """The innermost frame of code in the run's folder (the script or its local modules)."""
-    while frame is not None:
-        if os.path.abspath(frame.f_code.co_filename).startswith(_folder):
-            return frame
         frame = frame.f_back
     return None
 
@@ -162,11 +156,10 @@ def _note_write(path: Any, frame) -> None:
     _local.busy = True
     try:
         full = os.path.abspath(os.fsdecode(path))
-        if full in _written or full.startswith(_ignored) or "__pycache__" in full \
-                or _from_runtime(frame):
+        if full in _written or full.startswith(_ignored) or "__pycache__" in full:
             return
-        user = _user_frame(frame)
-        if user is None:  # no code of the script's folder on the stack: a library's own file
+        user, by_runtime = _user_call(frame)
+        if user is None or by_runtime:  # a library's own file, or the runtime's
             return
         _written.add(full)
         _writes.append({"path": full, "at": f"{os.path.relpath(user.f_code.co_filename, _folder)}"

@@ -1,0 +1,90 @@
+"""`distify verify` end to end: real runs (plain python and torchrun, Gloo on CPU).
+
+Each verify makes 3 runs (one of them 2 processes), so the cases are batched: one correct
+conversion, one conversion sabotaged twice (a print and a save on every rank), one script that
+fails on its own, and usage errors, which start no run.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO, clean_env
+
+EXAMPLE = REPO / "examples" / "train.py"
+ARGS = ["--cpu", "--steps", "2", "--timeout", "240", "--json", "--", "--epochs", "1",
+        "--save-model"]
+
+
+def _verify(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "distify", "verify", *args], cwd=cwd,
+                          env=clean_env(), capture_output=True, text=True, timeout=900)
+
+
+def _checks(proc: subprocess.CompletedProcess) -> dict[int, dict]:
+    return {check["number"]: check for check in json.loads(proc.stdout)["checks"]}
+
+
+def test_a_correct_conversion_passes_and_nothing_is_written_beside_it(tmp_path):
+    shutil.copy(EXAMPLE, tmp_path / "train.py")
+    proc = _verify("train.py", *ARGS, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    checks = _checks(proc)
+    assert sorted(checks) == [1, 2, 3, 4, 6]
+    assert all(check["ok"] for check in checks.values()), checks
+    assert "synthetic_cnn.pt" in checks[1]["evidence"]  # the saved file was compared
+    assert "8 parameters bit-identical on 2 ranks" in checks[2]["evidence"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.py"]
+
+
+def test_a_sabotaged_conversion_fails_naming_the_check_and_line(tmp_path):
+    shutil.copy(EXAMPLE, tmp_path / "train.py")
+    subprocess.run([sys.executable, "-m", "distify", "convert", "train.py", "-o",
+                    "train_dist.py", "--no-config"], cwd=tmp_path, env=clean_env(),
+                   capture_output=True, timeout=120, check=True)
+    source = (tmp_path / "train_dist.py").read_text()
+    assert "distify.print(f\"Train Epoch" in source and "distify.save(" in source
+    sabotaged = source.replace("distify.print(f\"Train Epoch", "print(f\"Train Epoch") \
+                      .replace("distify.save(", "torch.save(")
+    (tmp_path / "train_dist.py").write_text(sabotaged)
+    save_line = 1 + sabotaged.splitlines().index(
+        next(line for line in sabotaged.splitlines() if "torch.save(" in line))
+    proc = _verify("train.py", "train_dist.py", *ARGS, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    checks = _checks(proc)
+    assert checks[1]["ok"] and checks[2]["ok"] and checks[6]["ok"], checks
+    assert not checks[4]["ok"]
+    evidence = checks[4]["evidence"]
+    assert "rank 1 printed" in evidence and "Train Epoch" in evidence, evidence
+    assert f"rank 1 wrote synthetic_cnn.pt (train_dist.py:{save_line})" in evidence, evidence
+
+
+def test_a_script_that_fails_on_its_own_is_nothing_to_verify(tmp_path):
+    # a script that needs data it cannot find: its own error, then one line
+    (tmp_path / "broken.py").write_text(
+        "import torch\n\nmodel = torch.nn.Linear(2, 1)\nstate = torch.load('data/weights.pt')\n")
+    proc = _verify("broken.py", "--cpu", cwd=tmp_path)
+    assert proc.returncode == 1
+    assert "FileNotFoundError" in proc.stderr and "data/weights.pt" in proc.stderr
+    assert proc.stderr.rstrip().endswith("nothing to verify"), proc.stderr
+    assert "✓" not in proc.stdout and "✗" not in proc.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["missing.py"], "missing.py: script not found"),
+    (["train.py", "--num_processes", "1"], "--num_processes"),
+    (["train.py", "--epochs", "1"], "No such option '--epochs'"),
+    (["train.py", "--steps", "0"], "--steps"),
+], ids=["missing-script", "one-process", "script-option-before-dashes", "zero-steps"])
+def test_usage_errors_exit_2(tmp_path, args, message):
+    shutil.copy(EXAMPLE, tmp_path / "train.py")
+    proc = _verify(*args, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert message in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.py"]
