@@ -16,6 +16,7 @@ that stops with the device error: the conversion's open gap, printed by name on 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -91,7 +92,18 @@ def test_every_converted_fixture_meets_its_data_on_one_device(tmp_path: Path) ->
         folder.mkdir()
         shutil.copy(script, folder / "train.py")
         folders[name], scripts_by_name[name] = folder, script
-    results = _run_under_standin(tmp_path, list(folders.values()))
+    # the same script with its flag set: the CPU, model and data
+    no_accel = tmp_path / "no_accel"
+    no_accel.mkdir()
+    shutil.copy(FIXTURES / "devices" / "mnist_accel.out.py", no_accel / "train.py")
+    (no_accel / "args.txt").write_text("--no-accel")
+    results = _run_under_standin(tmp_path, [*folders.values(), no_accel])
+    flagged, accel = results[str(no_accel)], results[str(folders["devices/mnist_accel.out"])]
+    assert flagged["ok"] and flagged["models"] == ["cpu"], flagged
+    assert "device: cpu" in flagged["output"]
+    assert accel["ok"] and "device: standin" in accel["output"], accel
+    # the stand-in computes on the CPU: the same losses and accuracies either way
+    assert flagged["output"].split("\n", 1)[1] == accel["output"].split("\n", 1)[1]
     wrong = []
     for name, folder in folders.items():
         result = results[str(folder)]
@@ -148,6 +160,19 @@ def test_the_standin_fails_a_conversion_that_mixes_devices(tmp_path: Path) -> No
     assert "model on standin:0" in runs["moved"].stdout and "output" in runs["moved"].stdout
     assert runs["cpu"].returncode == 0, runs["cpu"].stderr
     assert "model on cpu" in runs["cpu"].stdout and "output" in runs["cpu"].stdout
+
+
+DEVICES = FIXTURES / "devices"
+
+
+@pytest.mark.parametrize("source", sorted(DEVICES.glob("*.in.py")), ids=lambda p: p.name)
+def test_golden_output_and_converting_twice_changes_nothing(source: Path) -> None:
+    expected = source.with_name(source.name.replace(".in.py", ".out.py"))
+    result = convert_source(source.read_bytes(), "train.py")
+    if os.environ.get("DISTIFY_UPDATE_GOLDEN"):
+        expected.write_bytes(result.output)
+    assert result.output.decode() == expected.read_text()
+    assert convert_source(result.output, "train.py").output == result.output
 
 
 _FLAG_HEAD = """\

@@ -1,7 +1,8 @@
 """Run converted scripts one after another in this process, under the device stand-in.
 
 ``python run_fixtures.py RESULTS.json FOLDER...``: each FOLDER holds a ``train.py``; it runs
-as ``__main__`` with FOLDER as its working directory and no arguments, at world size 1 with a
+as ``__main__`` with FOLDER as its working directory and the arguments in FOLDER/args.txt, if
+any (split on white space), at world size 1 with a
 fresh distify runtime, under :mod:`_distify_standin`. RESULTS.json gets, per folder, ``ok``,
 the last lines of the error when it failed, and the devices of the models it prepared. A
 script gets ``DISTIFY_STANDIN_SECONDS`` (60) before it is stopped. One interpreter for all of
@@ -56,7 +57,11 @@ def run_one(folder: str) -> dict:
     script = os.path.join(folder, "train.py")
     before, argv = os.getcwd(), sys.argv
     os.chdir(folder)
+    arguments = os.path.join(folder, "args.txt")
     sys.argv = [script]
+    if os.path.exists(arguments):
+        with open(arguments, encoding="utf-8") as handle:
+            sys.argv += handle.read().split()
     out = io.StringIO()
     result: dict = {"ok": True, "error": "", "models": []}
     signal.alarm(int(os.environ.get("DISTIFY_STANDIN_SECONDS", "60")))
