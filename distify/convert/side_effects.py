@@ -8,15 +8,18 @@ process; ``logging.basicConfig(level=...)`` → warnings only elsewhere; dataset
 ``rt.main_process_first()``; timestamps that name runs → the main process's.
 
 Console writes outside ``print`` (``sys.stdout.write``, a ``progress_bar(...)`` helper) → on the
-main process only; ``sys.stderr.write`` too in a loop (a progress line), but not outside a loop
-or in an ``except`` (an error message, which every process keeps). A local class that subclasses
-a tracker (``class Writer(SummaryWriter)``) or builds one in its ``__init__`` is a tracker too;
-an unknown ``*Logger``/``*Writer`` from another module is reported. Once ``wandb.init`` runs on
-the main process only, so does every other ``wandb`` call (elsewhere they raise), assignments to
-``wandb.run.name``/``wandb.config.x`` included. A hand-written download (see
-:mod:`distify.analysis.downloads`: the fetch, with the writes, extraction and removals after it)
-→ one unit that the main process runs under ``with rt.main_process_first():`` while the others
-wait; one whose names later code reads is reported instead.
+main process only; ``sys.stderr.write`` too when it writes a progress line in a loop (``\\r``, no
+newline at its end, or a bare newline), but not a whole line, not outside a loop and not in an
+``except`` (an error or a process's own message, which every process keeps).
+
+A local class that subclasses a tracker (``class Writer(SummaryWriter)``) or builds one in its
+``__init__`` is a tracker too; an unknown ``*Logger``/``*Writer`` from another module is
+reported. Once ``wandb.init`` runs on the main process only, so does every other ``wandb`` call
+(elsewhere they raise), assignments to ``wandb.run.name``/``wandb.config.x`` included. A
+hand-written download (see :mod:`distify.analysis.downloads`: the fetch, with the writes,
+extraction and removals after it) → one unit that the main process runs under
+``with rt.main_process_first():`` while the others wait; one whose names later code reads is
+reported instead.
 """
 
 from __future__ import annotations
@@ -311,8 +314,10 @@ class SideEffectMixin(TransformerBase):
         entry = side_effect(self.rules, callee, shape)
         if entry is None:
             return None
-        if entry.get("errors_stay") and (not self._loops or id(call) in self._handler_calls):
-            return None  # an error message outside a loop: every process shows it
+        if entry.get("errors_stay") and (not self._loops or id(call) in self._handler_calls
+                                         or not _progress_line(call)):
+            return None  # an error or a per-process line (not a progress line): every process
+            # shows it
         handle_arg = entry.get("handle_arg")
         if handle_arg is not None:  # a dump into a file the runtime opened: once, by design
             handle = shape.argument(handle_arg, HANDLE_KEYWORDS)
@@ -747,3 +752,38 @@ def _builds_tracker(cls: cst.ClassDef, mixin: SideEffectMixin) -> bool:
 
     init.visit(Calls())
     return found
+
+
+def _written_text(node: cst.BaseExpression) -> str | None:
+    """The text a ``write(...)`` argument writes, as far as its own literal tells: a string,
+    the format of ``"..." % args`` or ``"...".format(...)``, an f-string's text parts (each
+    expression read as ``{}``); None when it is not spelled in the call."""
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Modulo):
+        return _written_text(node.left)
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) \
+            and node.func.attr.value == "format":
+        return _written_text(node.func.value)
+    if isinstance(node, cst.SimpleString):
+        value = node.evaluated_value
+        return value if isinstance(value, str) else None
+    if isinstance(node, cst.ConcatenatedString):
+        left, right = _written_text(node.left), _written_text(node.right)
+        return None if left is None or right is None else left + right
+    if isinstance(node, cst.FormattedString):
+        text = "".join(part.value if isinstance(part, cst.FormattedStringText) else "{}"
+                       for part in node.parts)
+        return text if "r" in node.prefix.lower() else \
+            text.replace("\\r", "\r").replace("\\n", "\n")
+    return None
+
+
+def _progress_line(call: cst.Call) -> bool:
+    """``sys.stderr.write("step %d\\r" % i)``: a line rewritten in place, one left open (no
+    newline at its end) or a bare newline that ends one is a progress line; a whole line
+    (``"...\\n"``) or a text distify cannot read is a process's own message, which every
+    process keeps."""
+    if not call.args:
+        return False
+    text = _written_text(call.args[0].value)
+    return text is not None and ("\r" in text or not text.endswith("\n") or not text.strip())
+
