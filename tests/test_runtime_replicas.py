@@ -40,7 +40,7 @@ def _line(script, mark: str) -> str:
 def test_a_model_cast_for_checkpoints_and_back_keeps_averaging(tmp_path):
     # .double()/.float() and .to(float64)/.to(float32) every 20 steps on every rank: without
     # re-attaching DDP's hooks the ranks' weights differ after the first checkpoint (and the
-    # replica check, on here, would stop the job at training forward 200).
+    # replica check, on here, would stop the job at backward 200).
     proc = _two(CHECKPOINT, "all", cwd=tmp_path, replicas=True)
     assert "finished" in proc.stdout
     assert proc.replicas.records[0]["trained"] == proc.replicas.records[1]["trained"]
@@ -52,7 +52,7 @@ def test_a_model_moved_on_the_main_process_only_is_caught_by_the_periodic_check(
     assert proc.returncode != 0
     assert "finished" not in proc.stdout
     assert (f"{DIVERGED}Sequential.0.weight differs from rank 0's on rank 1, found at "
-            f"training forward {_replicas.DEFAULT_EVERY} (") in proc.stderr, proc.stderr[-3000:]
+            f"backward {_replicas.DEFAULT_EVERY} (") in proc.stderr, proc.stderr[-3000:]
     assert "a model moved after distify.prepare" in proc.stderr
 
 
@@ -70,7 +70,7 @@ def test_per_process_loss_spike_skipping_stops_at_the_end_of_the_first_epoch(tmp
     assert proc.returncode != 0
     assert "epoch 0 done" not in proc.stdout, proc.stdout
     assert (f"{DIVERGED}Sequential.0.weight differs from rank 0's on rank 1, found at the end "
-            "of an epoch of a prepared DataLoader (training forward 8) (optimizer steps per "
+            "of an epoch of a prepared DataLoader (backward 8) (optimizer steps per "
             "rank: rank 0 ") in proc.stderr, proc.stderr[-3000:]
     assert "a per-process decision before optimizer.step()" in proc.stderr
     # Off: the same job runs to its end, its replicas different (what the check caught).
@@ -88,7 +88,7 @@ def test_bad_settings_are_one_line_errors(monkeypatch, variable, value, wanted):
     monkeypatch.setattr(_state, "_RUNTIME", simulated_rank(0))
     monkeypatch.setenv(variable, value)
     with pytest.raises(DistifyError, match=wanted):
-        _replicas.forwards()
+        _replicas.backwards()
 
 
 @pytest.mark.parametrize("value, enabled, every", [
@@ -122,7 +122,7 @@ def test_under_fsdp_the_ranks_optimizer_steps_are_compared(tmp_path):
     assert proc.returncode != 0
     assert "epoch 0 done" not in proc.stdout, proc.stdout
     assert (f"{DIVERGED}the processes made different numbers of optimizer steps, found at the "
-            "end of an epoch of a prepared DataLoader (training forward 8) (optimizer steps per "
+            "end of an epoch of a prepared DataLoader (backward 8) (optimizer steps per "
             "rank: rank 0 ") in proc.stderr, proc.stderr[-3000:]
 
 
@@ -134,20 +134,20 @@ def test_when_the_checks_run(monkeypatch):
     made = []
 
     def check(when, buffers=False):
-        made.append((_replicas.forwards(), buffers))
+        made.append((_replicas.backwards(), buffers))
         _replicas._part().since = 0
 
     monkeypatch.setattr(_replicas, "check", check)
-    for _ in range(30):  # epochs of 8 training forwards
-        start = _replicas.forwards()
+    for _ in range(30):  # epochs of 8 backwards
+        start = _replicas.backwards()
         for _ in range(8):
-            _replicas.after_training_forward()
+            _replicas.after_backward()
         _replicas.epoch_ended(start)
-        _replicas.epoch_ended(_replicas.forwards())  # an evaluation epoch: nothing trained
+        _replicas.epoch_ended(_replicas.backwards())  # an evaluation epoch: nothing trained
     gap = _replicas.EPOCH_GAP
     assert made == [(8, False)] + [(8 + 8 * -(-gap // 8) * n, False) for n in range(1, 5)]
     last, every = made[-1][0], _replicas.DEFAULT_EVERY
     made.clear()
     for _ in range(2 * every + 50):  # then a loop without epochs: every K from the last check
-        _replicas.after_training_forward()
+        _replicas.after_backward()
     assert made == [(last + every, True), (last + 2 * every, True)]

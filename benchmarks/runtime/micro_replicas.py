@@ -4,7 +4,7 @@ Under torchrun each process prepares a model (the runtime benchmark's MLP, ``tra
 defaults, and micro_overhead.py's tiny model, whose step is mostly framework overhead: the worst
 case for a check's fixed cost) with its optimizer, then alternates blocks of training steps and
 blocks of replica checks, so both see the same machine load. Rank 0 prints one JSON line per
-model: median µs per step and per check (wall and process CPU) and the K (training forwards
+model: median µs per step and per check (wall and process CPU) and the K (backwards
 between periodic checks) at which the check costs 0.5% of the steps.
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 micro_replicas.py

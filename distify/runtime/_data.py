@@ -126,7 +126,7 @@ class PreparedDataLoader:
                 self._done += 1
             _random.restore(now, self._original.generator)
         padding = _state.current().part(_Padding)
-        trained = _replicas.forwards()
+        trained = _replicas.backwards()
         try:
             for batch, repeated in batches:
                 padding.repeated = repeated

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DataParallel, DistributedDataParallel
 
-from . import _buffers, _ddp, _precision, _replicas, _same_data, _state, _strategy
+from . import _buffers, _ddp, _precision, _same_data, _state, _strategy
 from ._strategy import DistributedModel
 from ._subclass import (
     PicklesAsOriginal,
@@ -314,8 +314,6 @@ def _count_user_forward(wrapper: nn.Module, _args: Any) -> None:
         book.forwards += 1
         sync = getattr(wrapper, "require_backward_grad_sync", True)
         book.synced_forwards += bool(sync)
-        if wrapper.training:  # evaluation may run on the main process only: no collective
-            _replicas.after_training_forward()
 
 
 def _release_models() -> None:
@@ -351,7 +349,6 @@ def _training_forward(state: _ModelState, args: tuple, kwargs: dict) -> Any:
         state.inside = False
     if state.buffers is not None:
         state.buffers.broadcast_from_main()
-    _replicas.after_training_forward()
     return outputs
 
 

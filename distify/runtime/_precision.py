@@ -91,6 +91,7 @@ def backward(loss: torch.Tensor, **kwargs: Any) -> None:
     _guard.before_backward(loss)
     with _progress.waiting("backward", _GRADIENT_WAIT):
         _backward(loss, settings, kwargs)
+    _replicas.after_backward()  # every rank is here as often: DDP pairs the backwards
 
 
 def _backward(loss: torch.Tensor, settings: _state.Settings, kwargs: dict) -> None:

@@ -7,13 +7,15 @@ job would train on for days with replicas drifting apart. So the runtime compare
 
 - at the end of the first epoch of a prepared DataLoader during which a prepared model
   trained (every rank reaches it: the training shards have equal lengths), and of each later
-  one that ends at least :data:`EPOCH_GAP` training forwards after the last check (so that
-  epochs of a few batches do not pay for a check each);
-- and every ``K`` training forwards through a prepared model since the last check (``K`` =
+  one that ends at least :data:`EPOCH_GAP` backwards after the last check (so that epochs of a
+  few batches do not pay for a check each);
+- and every ``K`` backwards through ``distify.backward`` since the last check (``K`` =
   ``DISTIFY_REPLICA_CHECK_EVERY``, default :data:`DEFAULT_EVERY`), for loops without epochs.
-  Training forwards, not optimizer steps, are counted: every rank makes the same number of
-  them (DDP's gradient all-reduce pairs them up), while the optimizer steps are what may differ.
-  The check runs right after the forward and the broadcast of the main process's buffers.
+  Backwards are counted, not optimizer steps and not forwards: every rank makes the same number
+  of them (DDP's gradient all-reduce pairs them up), while the optimizer steps are what may
+  differ, and the forwards may too (a policy run once per environment step, over episodes of
+  each rank's own length, with one backward per episode). The check runs right after the
+  backward; the synced buffers are the ones broadcast at the forward before it.
 
 A check is one checksum per tensor (its bytes read as integers and summed with wrap-around,
 so the sum is exact and independent of the order of summation; no copy of the tensor is made),
@@ -49,9 +51,9 @@ from . import _debug, _model, _objects, _state, _strategy
 from ._errors import DistifyError
 from ._subclass import private_state
 
-#: training forwards between two checks; see benchmarks/results/runtime.md for how it was chosen
+#: backwards between two checks; see benchmarks/results/runtime.md for how it was chosen
 DEFAULT_EVERY = 200
-#: after the first, an epoch's end is checked only this many training forwards after the last
+#: after the first, an epoch's end is checked only this many backwards after the last
 #: check (epochs shorter than that are covered by the periodic check): bounds the cost
 EPOCH_GAP = DEFAULT_EVERY // 4
 _FALSE = ("0", "false", "no", "off")
@@ -72,10 +74,10 @@ class _Checks:
         settings = _state.settings()
         self.enabled = settings.world_size > 1 and _enabled()
         self.every = _state.every_setting("DISTIFY_REPLICA_CHECK_EVERY", DEFAULT_EVERY,
-                                           "training forwards") if self.enabled else DEFAULT_EVERY
-        #: training forwards through prepared models (the same count on every rank)
-        self.forwards = 0
-        self.since = 0  # training forwards since the last check
+                                           "backwards") if self.enabled else DEFAULT_EVERY
+        #: backwards through distify.backward (the same count on every rank)
+        self.backwards = 0
+        self.since = 0  # backwards since the last check
         self.epoch_checked = False  # an epoch's end was checked already
         #: this rank's steps of prepared optimizers (they may differ between ranks)
         self.steps = 0
@@ -86,38 +88,37 @@ def _part() -> _Checks:
     return _state.current().part(_Checks)
 
 
-def forwards() -> int:
-    """The training forwards through prepared models so far (the same on every rank)."""
-    return _part().forwards
+def backwards() -> int:
+    """The backwards through ``distify.backward`` so far (the same on every rank)."""
+    return _part().backwards
 
 
-def after_training_forward() -> None:
-    """Count a training forward; every ``K`` of them, compare the replicas.
+def after_backward() -> None:
+    """Count a backward; every ``K`` of them, compare the replicas.
 
     Raises:
         DistifyError: a prepared model's weights (or synced buffers) differ between ranks.
     """
     part = _part()
-    part.forwards += 1
+    part.backwards += 1
     if part.enabled:
         part.since += 1
         if part.since >= part.every:
-            check(f"training forward {part.forwards}", buffers=True)
+            check(f"backward {part.backwards}", buffers=True)
 
 
-def epoch_ended(forwards_at_start: int) -> None:
+def epoch_ended(backwards_at_start: int) -> None:
     """At the end of an epoch of a prepared DataLoader: compare the replicas if a prepared
     model trained during it.
 
     Args:
-        forwards_at_start: :func:`forwards` when the epoch started.
+        backwards_at_start: :func:`backwards` when the epoch started.
     """
     part = _part()
-    if part.enabled and part.forwards > forwards_at_start and (
+    if part.enabled and part.backwards > backwards_at_start and (
             not part.epoch_checked or part.since >= EPOCH_GAP):
         part.epoch_checked = True
-        check(f"the end of an epoch of a prepared DataLoader (training forward "
-              f"{part.forwards})")
+        check(f"the end of an epoch of a prepared DataLoader (backward {part.backwards})")
 
 
 def watch_optimizer(optimizer: torch.optim.Optimizer) -> None:
@@ -137,7 +138,7 @@ def check(when: str, buffers: bool = False) -> None:
     all-reduce.
 
     Args:
-        when: where the job is, for the error (``"training forward 200"``).
+        when: where the job is, for the error (``"backward 200"``).
         buffers: compare the buffers the runtime syncs too (right after they were synced).
 
     Raises:
