@@ -99,16 +99,44 @@ def _execute(argv: Sequence[str], cwd: Path, env: dict[str, str],
         out, err = child.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         timed_out = True
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(child.pid, signal.SIGKILL)
+        _kill_tree(child.pid)
         out, err = child.communicate()
     except BaseException:  # Ctrl-C: leave nothing running
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(child.pid, signal.SIGKILL)
+        _kill_tree(child.pid)
         raise
     seconds = time.monotonic() - started
     return (child.returncode, timed_out, out.decode(errors="replace"),
             err.decode(errors="replace"), seconds)
+
+
+def _kill_tree(pid: int) -> None:
+    """Kill ``pid``, its process group and every process below it: torchrun starts each worker
+    in a session of its own, which a signal to torchrun's group does not reach (and a worker
+    left running would keep our pipes open)."""
+    family = _descendants(pid)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    for member in family:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(member, signal.SIGKILL)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid``, from ``/proc`` (Linux; elsewhere none are found)."""
+    children: dict[int, list[int]] = {}
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    stat = Path(entry.path, "stat").read_text()
+                    parent = int(stat.rpartition(")")[2].split()[1])
+                    children.setdefault(parent, []).append(int(entry.name))
+    found, pending = [], [pid]
+    while pending:
+        for child in children.get(pending.pop(), []):
+            found.append(child)
+            pending.append(child)
+    return found
 
 
 def _records(directory: Path) -> dict[int, dict]:
