@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
 import statistics
@@ -42,6 +43,27 @@ def error_excerpt(proc: subprocess.CompletedProcess) -> str:
     why = [line for line in text if any(word in line for word in (
         "Error", "error", "terminate", "what()", "Traceback", "Exception"))]
     return "\n".join(why[-10:] + ["..."] + text[-8:])
+
+
+def bench_env(extra: dict[str, str]) -> dict[str, str]:
+    """The environment of a benchmark job: no DISTIFY_* setting of the caller's, one thread,
+    unbuffered output, this checkout first on the path; ``extra`` on top."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DISTIFY_")}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **extra)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
+def bench_lines(cmd: list[str], extra: dict[str, str], timeout: float) -> list[dict]:
+    """Run ``cmd`` under :func:`bench_env` and return the JSON lines it printed that start
+    with ``{"bench"``; exit with the job's error when there are none."""
+    proc = subprocess.run(cmd, cwd=ROOT, env=bench_env(extra), capture_output=True, text=True,
+                          timeout=timeout)
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"bench"')]
+    if not lines:
+        raise SystemExit(f"{Path(cmd[-1]).name} failed (exit {proc.returncode}):\n"
+                         f"{error_excerpt(proc)}")
+    return lines
 
 
 def median(values: list[float]) -> float:

@@ -13,34 +13,15 @@ benchmarks/results/runtime.md).
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import ROOT, error_excerpt, machine, median
+from _common import bench_lines, machine, median
 from runtime_overhead import CONVERTED, SCRIPTS, convert
 
 VARIANTS = {"off": {"DISTIFY_WRITE_CHECK": "0"}, "on": {}}
-
-
-def _env(extra: dict[str, str]) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DISTIFY_")}
-    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **extra)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    return env
-
-
-def _run(cmd: list[str], extra: dict[str, str], timeout: float) -> list[dict]:
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(extra), capture_output=True, text=True,
-                          timeout=timeout)
-    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"bench"')]
-    if not lines:
-        raise SystemExit(f"{cmd[-1]} failed (exit {proc.returncode}):\n{error_excerpt(proc)}")
-    return lines
 
 
 def main() -> None:
@@ -55,11 +36,11 @@ def main() -> None:
     runs: dict[str, dict[int, dict]] = {name: {} for name in names}
     for round_ in range(args.rounds):
         for name in names if round_ % 2 == 0 else names[::-1]:
-            result = _run(torchrun, VARIANTS[name], args.run_timeout)[0]
+            result = bench_lines(torchrun, VARIANTS[name], args.run_timeout)[0]
             runs[name][round_] = result
             print(f"round {round_ + 1}/{args.rounds} {name:4s} "
                   f"{result['step_ms_mean']:.3f} ms/step", file=sys.stderr)
-    micro = _run([sys.executable, str(SCRIPTS / "micro_audit.py")], {}, args.run_timeout)[0]
+    micro = bench_lines([sys.executable, str(SCRIPTS / "micro_audit.py")], {}, args.run_timeout)[0]
     print(f"machine: {machine()}\n")
     print("| variant | step ms, median | paired ÷ off | CPU ms/step, median | paired ÷ off |")
     print("|---|---|---|---|---|")

@@ -21,37 +21,21 @@ the hand-written section of benchmarks/results/runtime.md).
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import ROOT, error_excerpt, machine, median
+from _common import bench_lines, machine, median
 from runtime_overhead import CONVERTED, SCRIPTS, convert
 
 VARIANTS = {"off": {"DISTIFY_REPLICA_CHECK": "0"}, "on": {},
             "every20": {"DISTIFY_REPLICA_CHECK_EVERY": "20"}}
 
 
-def _env(extra: dict[str, str]) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DISTIFY_")}
-    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **extra)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    return env
-
-
 def _torchrun(script: Path, extra: dict[str, str], timeout: float) -> list[dict]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-           "2", str(script)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(extra), capture_output=True, text=True,
-                          timeout=timeout)
-    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"bench"')]
-    if not lines:
-        raise SystemExit(f"{script.name} failed (exit {proc.returncode}):\n{error_excerpt(proc)}")
-    return lines
+    return bench_lines([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                        "--nproc-per-node", "2", str(script)], extra, timeout)
 
 
 def main() -> None:
