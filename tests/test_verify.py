@@ -43,15 +43,20 @@ def test_a_correct_conversion_passes_and_nothing_is_written_beside_it(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train.py"]
 
 
-def test_a_sabotaged_conversion_fails_naming_the_check_and_line(tmp_path):
+def test_a_sabotaged_conversion_fails_naming_the_checks_and_lines(tmp_path):
     shutil.copy(EXAMPLE, tmp_path / "train.py")
     subprocess.run([sys.executable, "-m", "distify", "convert", "train.py", "-o",
                     "train_dist.py", "--no-config"], cwd=tmp_path, env=clean_env(),
                    capture_output=True, timeout=120, check=True)
     source = (tmp_path / "train_dist.py").read_text()
+    loader = "train_loader = distify.prepare(DataLoader("
     assert "distify.print(f\"Train Epoch" in source and "distify.save(" in source
+    assert loader in source
+    # three sabotages at once: a print guard removed, a save on every rank, the training
+    # loader left unprepared (every rank then trains on the same batches)
     sabotaged = source.replace("distify.print(f\"Train Epoch", "print(f\"Train Epoch") \
-                      .replace("distify.save(", "torch.save(")
+                      .replace("distify.save(", "torch.save(") \
+                      .replace(loader, "train_loader = (DataLoader(")
     (tmp_path / "train_dist.py").write_text(sabotaged)
     save_line = 1 + sabotaged.splitlines().index(
         next(line for line in sabotaged.splitlines() if "torch.save(" in line))
@@ -59,7 +64,8 @@ def test_a_sabotaged_conversion_fails_naming_the_check_and_line(tmp_path):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     checks = _checks(proc)
     assert checks[1]["ok"] and checks[2]["ok"] and checks[6]["ok"], checks
-    assert not checks[4]["ok"]
+    assert not checks[3]["ok"] and not checks[4]["ok"]
+    assert checks[3]["evidence"].startswith("ranks 0 and 1 fed Net the same batch"), checks[3]
     evidence = checks[4]["evidence"]
     assert "rank 1 printed" in evidence and "Train Epoch" in evidence, evidence
     assert f"rank 1 wrote synthetic_cnn.pt (train_dist.py:{save_line})" in evidence, evidence

@@ -155,7 +155,7 @@ def replicas(job: Run) -> Check:
 
 
 def distinct_data(job: Run, script: str) -> Check:
-    """The first training forwards' inputs differ between every pair of ranks."""
+    """The inputs of each of the first training forwards differ between every pair of ranks."""
     name = "distinct data per rank"
     skipped = _not_run(3, name, job)
     if skipped:
@@ -163,12 +163,19 @@ def distinct_data(job: Run, script: str) -> Check:
     inputs = {rank: job.records[rank]["inputs"] for rank in range(job.processes)}
     if not inputs[0]:
         return Check(3, name, False, "rank 0 ran no training forward that verify could see")
-    for rank in range(1, job.processes):
-        for ours, theirs in zip(inputs[0], inputs[rank]):
-            if ours["sha256"] == theirs["sha256"]:
-                where = f" ({script}:{ours['line']})" if ours.get("line") else ""
-                return Check(3, name, False, f"ranks 0 and {rank} fed {ours['module']} the same "
-                                             f"batch{where}: the data is not sharded")
+    for index, first in enumerate(inputs[0]):
+        seen: dict[str, int] = {}
+        for rank in range(job.processes):
+            if index >= len(inputs[rank]):
+                continue
+            digest = inputs[rank][index]["sha256"]
+            if digest in seen:
+                where = f" ({script}:{first['line']})" if first.get("line") else ""
+                return Check(3, name, False, f"ranks {seen[digest]} and {rank} fed "
+                                             f"{first['module']} the same batch (training "
+                                             f"forward {index + 1}){where}: the data is not "
+                                             "sharded")
+            seen[digest] = rank
     count = min(len(found) for found in inputs.values())
     line = inputs[0][0].get("line")
     where = f" ({script}:{line})" if line else ""
