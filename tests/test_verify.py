@@ -102,12 +102,12 @@ def test_a_hang_is_stopped_and_the_run_named(tmp_path):
     (tmp_path / "job_dist.py").write_text(
         "import os\nimport time\n\nif os.environ.get('RANK') == '1':\n    time.sleep(3600)\n"
         "if os.environ.get('RANK', '0') == '0':\n    print('done')\n")
-    proc = _verify("job.py", "job_dist.py", "--cpu", "--timeout", "40", "--json", cwd=tmp_path)
+    proc = _verify("job.py", "job_dist.py", "--cpu", "--timeout", "15", "--json", cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     output = json.loads(proc.stdout)
     assert [run["timed_out"] for run in output["runs"]] == [False, False, True]
     checks = _checks(proc)
     assert not checks[6]["ok"]
     assert checks[6]["evidence"] == ("the conversion on 2 processes was still running after "
-                                     "40 s and was stopped")
+                                     "15 s and was stopped")
     assert checks[2]["evidence"] == "not checked: the conversion on 2 processes timed out"
