@@ -29,9 +29,11 @@ class _ScriptArgsAfterDashes(click.Command):
     cls=_ScriptArgsAfterDashes,
     epilog="""\b
 Examples:
-  distify verify train.py                          # converts in a temporary folder, then checks
-  distify verify train.py train_dist.py --steps 20 -- --epochs 1
-  distify verify nb.ipynb --cpu --json             # a notebook's code cells; CI output
+  distify verify train.py --cpu --steps 5 -- --epochs 1
+                                  # converts in a temporary folder, runs, checks
+  distify verify train.py train_dist.py --cpu --steps 5 --json -- --epochs 1
+                                  # a conversion you made; JSON for CI; exit 1 if a check fails
+                                  # (a notebook, nb.ipynb, is verified the same way)
 """,
 )
 @click.argument("original", type=click.Path(dir_okay=False, path_type=Path))
