@@ -96,12 +96,13 @@ def test_usage_errors_exit_2(tmp_path, args, message):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train.py"]
 
 
-def test_a_hang_is_stopped_and_the_run_named(tmp_path):
-    # no torch in the script: the runs start fast; rank 1 of the 2-process run never ends
-    (tmp_path / "job.py").write_text("print('done')\n")
+def test_a_hang_is_stopped_and_the_run_named_and_a_changed_print_fails_check_1(tmp_path):
+    # no torch in the script: the runs start fast; rank 1 of the 2-process run never ends, and
+    # the conversion prints another number at world size 1
+    (tmp_path / "job.py").write_text("print('done', 0.5)\n")
     (tmp_path / "job_dist.py").write_text(
         "import os\nimport time\n\nif os.environ.get('RANK') == '1':\n    time.sleep(3600)\n"
-        "if os.environ.get('RANK', '0') == '0':\n    print('done')\n")
+        "if os.environ.get('RANK', '0') == '0':\n    print('done', 0.25)\n")
     proc = _verify("job.py", "job_dist.py", "--cpu", "--timeout", "15", "--json", cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     output = json.loads(proc.stdout)
@@ -111,3 +112,5 @@ def test_a_hang_is_stopped_and_the_run_named(tmp_path):
     assert checks[6]["evidence"] == ("the conversion on 2 processes was still running after "
                                      "15 s and was stopped")
     assert checks[2]["evidence"] == "not checked: the conversion on 2 processes timed out"
+    assert checks[1]["evidence"] == ("stdout line 1 differs: 'done 0.5' (original) vs "
+                                     "'done 0.25' (conversion)")
