@@ -75,7 +75,8 @@ def _verify(original: Path, converted: Path | None, args: Sequence[str], *, proc
     original_folder = work / "original"
     copy_folder(original.resolve().parent, original_folder)
     original_script = original_folder / f"{stem}.py"
-    original_script.write_text(source, encoding="utf-8")
+    if original.suffix != ".py" or not original_script.is_file():  # a notebook's cells
+        original_script.write_text(source, encoding="utf-8")
     if converted is not None and not converted.name.endswith(".ipynb"):
         converted_name = converted.name
     else:
