@@ -69,8 +69,8 @@ def world_size_1(original: Run, converted: Run) -> Check:
     differing = _first_difference(a, b)
     if differing:
         return Check(1, name, False, f"final parameters differ: {differing}")
-    files = f"{len(original.files)} file(s) identical" + (
-        f" ({', '.join(original.files[:3])})" if original.files else "")
+    named = f": {', '.join(original.files[:3])}" if original.files else ""
+    files = f"{len(original.files)} file(s) written{named} (equal bytes, or equal values)"
     return Check(1, name, True, f"stdout identical ({len(ours)} lines), {files}, "
                                 f"{len(a)} final parameters bit-identical")
 
@@ -80,17 +80,27 @@ def _file_difference(ours: Path, theirs: Path) -> str | None:
         return None
     values = _torch_values(ours), _torch_values(theirs)
     if values[0] is None or values[1] is None:
-        return "contents differ (not a torch file: compared byte for byte)"
+        return "contents differ (neither a torch file nor a pickle: compared byte for byte)"
     difference = _value_difference(values[0], values[1], "")
     return f"values differ at {difference or 'the top level'}" if difference is not False \
         else None
 
 
 def _torch_values(path: Path):
+    """What a ``torch.save`` file holds, else what a pickle holds (pickled tensors differ in
+    bytes between runs with equal values), else None. A pickle is loaded as it is: the script
+    that wrote it, in this run's folder, has just run with the same trust."""
+    import pickle
+
     import torch
 
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:
+        pass
+    try:
+        with open(path, "rb") as file:
+            return pickle.load(file)
     except Exception:
         return None
 
