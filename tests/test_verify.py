@@ -8,9 +8,11 @@ fails on its own, and usage errors, which start no run.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -114,3 +116,39 @@ def test_a_hang_is_stopped_and_the_run_named_and_a_changed_print_fails_check_1(t
     assert checks[2]["evidence"] == "not checked: the conversion on 2 processes timed out"
     assert checks[1]["evidence"] == ("stdout line 1 differs: 'done 0.5' (original) vs "
                                      "'done 0.25' (conversion)")
+
+
+def test_a_run_writing_through_a_linked_big_file_writes_a_copy_never_the_users_file(tmp_path):
+    """verify links files of 16 MiB or more into its copies; a run that writes one (open,
+    torch.save) must get a copy of its own in the link's place."""
+    from distify.verify import runs
+
+    home, run = tmp_path / "home", tmp_path / "run"
+    home.mkdir()
+    (home / "big.bin").write_bytes(b"user data")
+    (home / "ckpt.pt").write_bytes(b"user checkpoint")
+    (home / "train.py").write_text(textwrap.dedent("""\
+        import torch
+        with open("big.bin", "wb") as f:
+            f.write(b"run output")
+        torch.save({"w": torch.ones(2)}, "ckpt.pt")
+        print(open("big.bin", "rb").read().decode(), torch.load("ckpt.pt")["w"].tolist())
+    """))
+    real_threshold = runs._LINK_FROM
+    runs._LINK_FROM = 1  # link every file, as verify links big ones
+    try:
+        runs.copy_folder(home, run)
+    finally:
+        runs._LINK_FROM = real_threshold
+    assert (run / "big.bin").is_symlink() and (run / "ckpt.pt").is_symlink()
+    records = tmp_path / "records"
+    records.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(runs.HOOKS), "DISTIFY_VERIFY_DIR": str(records),
+           "DISTIFY_VERIFY_SCRIPT": str(run / "train.py")}
+    proc = subprocess.run([sys.executable, "train.py"], cwd=run, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "run output [1.0, 1.0]"
+    assert (home / "big.bin").read_bytes() == b"user data"
+    assert (home / "ckpt.pt").read_bytes() == b"user checkpoint"
+    assert not (run / "big.bin").is_symlink() and not (run / "ckpt.pt").is_symlink()

@@ -7,9 +7,11 @@ its own file there). Every process is instrumented by ``hooks/sitecustomize.py``
 ``PYTHONPATH`` (see ``hooks/_distify_verify.py``); each run has a timeout, after which its whole
 process group is killed.
 
-What it deliberately does not do: copy files of 16 MiB or more (data sets, checkpoints): they are
-linked into the copy, so a run that writes into one of them in place would change the user's
-file (reading them, as training scripts do, is safe).
+Files of 16 MiB or more (data sets, checkpoints) are linked into the copy, not copied; a run
+that opens one for writing (``open``, ``os.open``, ``torch.save``) first gets a copy of its own
+in the link's place (``hooks/_distify_verify.py``), so the user's file is never written. What
+that does not cover: native code that writes without an audit event, and files under a linked
+folder of the user's.
 """
 
 from __future__ import annotations

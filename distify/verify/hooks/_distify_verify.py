@@ -29,6 +29,7 @@ import importlib.util
 import itertools
 import json
 import os
+import shutil
 import sys
 import threading
 import traceback
@@ -147,7 +148,35 @@ def _audit(event: str, args: tuple) -> None:
         return
     flags = args[2]
     if type(flags) is int and flags & _WRITE and not isinstance(args[0], int):
+        _detach(args[0])
         _note_write(args[0], sys._getframe(1))
+
+
+def _detach(path: Any) -> None:
+    """Before a write through a link in the run's folder to a file outside it (verify links
+    big files into its copies instead of copying them; a user's own link may point out too),
+    put a copy of the file in the link's place: the run writes its copy, never the user's
+    file."""
+    if getattr(_local, "busy", False):
+        return
+    _local.busy = True
+    try:
+        full = os.path.abspath(os.fsdecode(path))
+        if not full.startswith(_folder) or not os.path.islink(full):
+            return
+        real = os.path.realpath(full)
+        if real.startswith(os.path.realpath(_folder) + os.sep):
+            return
+        spare = f"{full}.distify-verify-{os.getpid()}"
+        if os.path.isfile(real):
+            shutil.copy2(real, spare)
+            os.replace(spare, full)
+        else:
+            os.unlink(full)
+    except (TypeError, ValueError, OSError):
+        return
+    finally:
+        _local.busy = False
 
 
 def _note_write(path: Any, frame) -> None:
@@ -178,6 +207,7 @@ def _watch_torch_save(serialization: Any) -> None:
 
     class _Audited(writer):
         def __init__(self, name: str, *args: Any, **kwargs: Any) -> None:
+            _detach(name)
             _note_write(name, sys._getframe(1))
             super().__init__(name, *args, **kwargs)
 
