@@ -3,8 +3,9 @@
 The examples are read out of the README's plain code blocks and out of the `Example(s):` part of
 `distify --help` and of each subcommand's `--help`, then run with bash, verbatim (comments,
 line continuations and `> file` included), in a fresh folder holding what they name: the bundled
-example `train.py`, its conversion `train_dist.py` + `train_dist.yaml`, a project `src/`, and the
-configs `distify_config.yaml` / `node1.yaml`.
+example `train.py`, its conversion `train_dist.py` + `train_dist.yaml`, a notebook `nb.ipynb` and
+its conversion `nb_dist.ipynb`, a project `src/`, and the configs `distify_config.yaml` /
+`node1.yaml`.
 
 What cannot run here runs in its `--dry-run` form: a `distify launch` that would start a job
 (the torchrun command is printed instead); the script arguments it passes must then be options
@@ -142,7 +143,9 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     shutil.copy(REPO / "examples" / "train.py", root / "src" / "train.py")
     (root / "src" / "utils.py").write_text("def accuracy(correct, total):\n"
                                            "    return correct / total\n")
+    shutil.copy(REPO / "tests" / "fixtures" / "notebooks" / "course.ipynb", root / "nb.ipynb")
     for setup in ("distify convert train.py -o train_dist.py",
+                  "distify convert nb.ipynb -o nb_dist.ipynb",
                   "distify config --num_processes 2 --cpu --yes",
                   "distify config --num_processes 2 --cpu --config_file node1.yaml --yes"):
         proc = _run(setup, root)
