@@ -103,7 +103,9 @@ def test_all_ranks_option_and_an_error_on_rank_1(tmp_path):
     assert proc.returncode == 1, proc.stderr
     assert "[rank0]: epoch done on rank 0\n" in proc.stdout, proc.stdout
     assert "[rank1]: epoch done on rank 1\n" in proc.stdout, proc.stdout
-    assert re.search(r"\[rank1\]: \r\[rank1\]: step 3/3 rank 1", proc.stdout), proc.stdout
+    # rank 1's \r progress line, prefixed (where the \r falls depends on how the output was
+    # read in chunks: only the prefixed text is certain)
+    assert re.search(r"\[rank1\]: step 3/3 rank 1", proc.stdout), proc.stdout
     # rank 1's error reaches the console, in its summary as before
     summary = [line for line in proc.stderr.splitlines() if line.startswith("distify: ")]
     assert "distify: rank 1 failed first: ValueError: boom on rank 1" in summary, proc.stderr
