@@ -223,3 +223,51 @@ def test_loops_over_views_of_a_loader_reduce_their_sums_and_say_nothing_false() 
     for name in ("correct", "seen", "running_loss", "samples", "loss_sum", "counted"):
         assert f"{name} = distify.reduce({name})" in out, name
     assert not [n for n in result.notes if "not fed by a DataLoader" in n.message]
+
+
+# ------------------------------------------------- item 26: a GPU index prints as it did
+GPU_INDEX = textwrap.dedent("""\
+    import torch
+
+    def main(gpu_id):
+        model = torch.nn.Linear(2, 1).to(gpu_id)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x in torch.utils.data.DataLoader(torch.randn(8, 2), batch_size=4):
+            opt.zero_grad()
+            model(x.to(gpu_id)).sum().backward()
+            opt.step()
+        print(f"[GPU{gpu_id}] done")
+
+    if __name__ == "__main__":
+        device = 0  # shorthand for cuda:0
+        main(device)
+        main(0 if torch.cuda.is_available() else "cpu")
+""")
+
+
+def test_a_gpu_index_the_script_keeps_prints_as_it_did_and_its_comment_is_updated() -> None:
+    out = convert_source(GPU_INDEX.encode(), "train.py").output.decode()
+    assert "    device = distify.device_index()  # this process's GPU (was: shorthand for " \
+           "cuda:0)\n" in out, out
+    assert "    main(distify.device_index())\n" in out, out
+    assert "model = torch.nn.Linear(2, 1).to(distify.device())" in out, out
+    assert 'print(f"[GPU{gpu_id}] done")' in out  # the text itself is the script's
+
+
+def test_device_index_is_the_gpus_index_else_the_device() -> None:
+    import torch
+
+    import distify.runtime as distify
+    from distify.runtime import _state
+
+    _state.reset()
+    try:
+        expected = distify.device()
+        got = distify.device_index()
+        if expected.type == "cuda":  # what `device = 0` printed, on each process's own GPU
+            assert got == expected.index and isinstance(got, int)
+        else:  # what `0 if torch.cuda.is_available() else "cpu"` printed: cpu
+            assert got == expected and str(got) == "cpu"
+        assert torch.zeros(1).to(got).device == expected
+    finally:
+        _state.reset()

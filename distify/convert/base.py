@@ -207,6 +207,7 @@ class TransformerBase(cst.CSTTransformer):
         self._pending_models: list[list[str]] = []
         self._unsharded_loop_reported = False
         self._removed: list[str] = []
+        self._index_calls: set[int] = set()  # ids of rt.device_index() calls made (devices)
         self._emptied = NodeSet()
         self._downloads: list[bool] = []
         self._download_stmts = NodeSet()

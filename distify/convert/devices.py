@@ -1,10 +1,11 @@
 """Rewrites of single-device code: every process uses its own device, ``rt.device()``.
 
-``torch.device("cuda" ...)``, ``torch.accelerator.current_accelerator()``, ``0 if ... else
-"cpu"`` → ``rt.device()``; ``x.cuda()``, ``x.to("cuda:0")``, ``x.to(0)`` and ``x.to(gpu_id)`` →
-``x.to(rt.device())``; an int GPU index kept in a setting (``device = 0``, ``gpu_id = 0``) →
-``rt.device()``; device pinning (``torch.cuda.set_device``) is removed, with an ``if`` that held
-nothing else. ``"cpu"`` stays.
+``torch.device("cuda" ...)``, ``torch.accelerator.current_accelerator()`` → ``rt.device()``;
+``x.cuda()``, ``x.to("cuda:0")``, ``x.to(0)`` and ``x.to(gpu_id)`` → ``x.to(rt.device())``; an
+int GPU index kept in a setting (``device = 0``, ``gpu_id = 0``, ``0 if ... else "cpu"``) →
+``rt.device_index()`` (this process's GPU's index: at world size 1 it prints as the script's
+did); device pinning (``torch.cuda.set_device``) is removed, with an ``if`` that held nothing
+else. ``"cpu"`` stays.
 
 A device *name* stays a name: ``"cuda" if ... else "cpu"``, ``device = "cuda:0"`` in module-level
 settings, a config field or dict entry ``"device": "cuda"`` → ``rt.device().type``. The runtime
@@ -15,6 +16,8 @@ device`` still works, ``torch.autocast(device_type=device)`` still gets a string
 """
 
 from __future__ import annotations
+
+import re
 
 import libcst as cst
 
@@ -31,6 +34,10 @@ from distify.convert.syntax import (
 _DEVICE_SETTINGS = {"device", "dev", "device_name", "device_type_name"}
 _GPU_INDEXES = {"gpu", "gpu_id", "gpuid", "device_id", "gpu_index", "device_index", "cuda_id",
                 "cuda_device", "gpu_num"}
+
+
+#: a comment that speaks of one fixed GPU (``# shorthand for cuda:0``, ``# use GPU 0``)
+_NAMES_A_GPU = re.compile(r"cuda|gpu", re.IGNORECASE)
 
 
 def _last_name(node: cst.BaseExpression) -> str:
@@ -127,9 +134,10 @@ class DeviceMixin(TransformerBase):
             new = self._device_name(value)
             return node if new is None else node.with_changes(value=new)
         if (name in _GPU_INDEXES or name in _DEVICE_SETTINGS) and _is_int(value):
-            new = self._rt_call("device")
+            new = self._index_call()
             self._edit(new, "device", f"`{name}` was GPU {value.value}: each process uses its "
-                       "own device")
+                       f"own GPU, `{self.rt}.device_index()` (its index, as the script kept it; "
+                       "on a machine without GPUs the CPU)")
             return node.with_changes(value=new)
         return node
 
@@ -151,6 +159,26 @@ class DeviceMixin(TransformerBase):
             self._edit(new.value, "device", "each process uses its own device")
             return new
         return updated
+
+    def _index_call(self) -> cst.Call:
+        """``rt.device_index()``: what replaces a GPU index the script keeps (it prints as
+        the script's did at world size 1)."""
+        call = self._rt_call("device_index")
+        self._index_calls.add(id(call))
+        return call
+
+    def _update_device_comment(self, line: cst.SimpleStatementLine) -> cst.SimpleStatementLine:
+        """``device = 0  # shorthand for cuda:0`` → the comment says what the line holds now."""
+        comment = line.trailing_whitespace.comment
+        if comment is None or not self._index_calls or not _NAMES_A_GPU.search(comment.value):
+            return line
+        if not any(isinstance(s, (cst.Assign, cst.AnnAssign)) and s.value is not None
+                   and id(s.value) in self._index_calls for s in line.body):
+            return line
+        text = comment.value.lstrip("#").strip()
+        new = cst.Comment(f"# this process's GPU (was: {text})")
+        return line.with_changes(trailing_whitespace=line.trailing_whitespace.with_changes(
+            comment=new))
 
     def _is_pinning(self, call: cst.BaseExpression) -> bool:
         return isinstance(call, cst.Call) and \
@@ -177,8 +205,10 @@ class DeviceMixin(TransformerBase):
                        "name ('cuda' is this process's GPU)")
             return new
         if any(_is_int(b) for b in branches):  # `0 if torch.cuda.is_available() else "cpu"`
-            new = self._rt_call("device")
-            self._edit(new, "device", "each process uses its own device")
+            new = self._index_call()
+            self._edit(new, "device", "each process uses its own device: "
+                       f"`{self.rt}.device_index()` is its GPU's index where the script had "
+                       "one, else the device ('cpu')")
             return new
         return updated
 

@@ -74,6 +74,7 @@ class DistifyTransformer(BatchShapeMixin, ModelMixin, PrepareMixin, DeviceMixin,
         downloads = self._downloads.pop()
         if not updated.body:
             return cst.RemovalSentinel.REMOVE
+        updated = self._update_device_comment(updated)
         if self._removed:
             self._attach_removals(updated)
         if downloads:

@@ -35,6 +35,7 @@ from ._split import shard_stream
 from ._state import (
     device,
     device_choice,
+    device_index,
     init,
     is_local_main_process,
     is_main_process,
@@ -53,5 +54,5 @@ __all__ = [
     "open", "prepare", "print", "rank", "reduce", "reduce_meters", "save", "set_seed",
     "shared_generator", "sync_gradients", "unwrap", "wait_for_everyone", "world_size",
     "data_generator", "numpy_random", "python_random", "save_state", "load_state", "shard_stream",
-    "any_process", "all_processes", "device_choice",
+    "any_process", "all_processes", "device_choice", "device_index",
 ]

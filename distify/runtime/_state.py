@@ -205,6 +205,15 @@ def device() -> torch.device:
     return settings().device
 
 
+def device_index() -> int | torch.device:
+    """This process's device as a script that keeps a GPU *index* (``device = 0``,
+    ``0 if torch.cuda.is_available() else "cpu"``) holds it: the index of its GPU, an int
+    (``0`` prints as ``0``, as the script's did, and ``.to(1)`` is that GPU), else the device
+    itself (``cpu`` prints as ``cpu``)."""
+    current = settings().device
+    return current.index if current.type == "cuda" and current.index is not None else current
+
+
 def device_choice(chosen: bool) -> bool:
     """The script's own choice of the accelerator, made by a flag
     (``not args.no_cuda and torch.cuda.is_available()``): False keeps this process on the CPU,
