@@ -163,11 +163,11 @@ def test_convert_to_a_script_reports_by_cell(tmp_path):
     assert "# %% cell 9\ndistify.save(model.state_dict(), \"model.pt\")\n" in text
     report = result.output
     assert f"{out}:8 (cell 2, line 2): `!pip install torch --quiet` commented out" in report
-    assert f"{out}:71 (cell 9, line 1): torch.save → distify.save" in report
+    assert f"{out}:72 (cell 9, line 1): torch.save → distify.save" in report
     assert "(cell 4, line 12): `model` kept" in report
     assert "(cell 7, line 1): `%%time` commented out" in report
     lines = text.splitlines()
-    assert lines[70] == 'distify.save(model.state_dict(), "model.pt")'  # line 71 as reported
+    assert lines[71] == 'distify.save(model.state_dict(), "model.pt")'  # line 72 as reported
 
 
 def test_convert_to_a_notebook_keeps_markdown_and_metadata_and_clears_outputs(tmp_path):
@@ -196,7 +196,7 @@ def test_json_report_places_items_in_cells(tmp_path):
     result = run("convert", str(COURSE), "-o", str(tmp_path / "nb.ipynb"), "--json")
     report = json.loads(result.stdout)["files"][0]
     save = [item for item in report["changes"] if item["message"].startswith("torch.save")]
-    assert [(i["line"], i["cell"], i["cell_line"]) for i in save] == [(71, 9, 1)]
+    assert [(i["line"], i["cell"], i["cell_line"]) for i in save] == [(72, 9, 1)]
 
 
 def test_the_notebook_and_the_script_hold_the_same_code(tmp_path):

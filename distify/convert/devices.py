@@ -40,6 +40,104 @@ _GPU_INDEXES = {"gpu", "gpu_id", "gpuid", "device_id", "gpu_index", "device_inde
 _NAMES_A_GPU = re.compile(r"cuda|gpu", re.IGNORECASE)
 
 
+#: a word in a name, an attribute or a string that shows the script uses, or may use, an
+#: accelerator (``use_cuda``, ``x.cuda()``, ``"cuda:0"``, ``"--gpus"``, ``torch.accelerator``)
+_ACCELERATOR = re.compile(r"(?<![A-Za-z])(cuda|cudnn|mps|xpu|hpu|xla|tpu|npu|gpus?|"
+                          r"accelerat(e|or|ors)|nccl|device_ids)(?![A-Za-z])", re.IGNORECASE)
+#: a name or attribute that holds a device: ``device``, ``dev``, ``self.device``, ``eval_device``
+_HOLDS_DEVICE = re.compile(r"(^|_)(device|dev)$", re.IGNORECASE)
+
+CPU_MESSAGE = ("this script never uses an accelerator: its model stays on the CPU with the "
+               "tensors the script builds there ({rt}.init(cpu=True)); to train on GPUs, move "
+               "those tensors to {rt}.device() and delete this line")
+
+
+def stays_on_cpu(module: cst.Module) -> bool:
+    """The script computes on the CPU by its own choice: no name, attribute or string in it
+    names an accelerator (comments do not count), and every device it sets, makes, passes as
+    ``device=`` or moves to is ``"cpu"`` (or a name only ever set to ``"cpu"``). Its conversion
+    must keep it there: ``prepare`` would put the model on the GPU while
+    ``torch.from_numpy(state)`` or ``torch.zeros(n)`` stay on the CPU. When in doubt (a device
+    from a setting, a function or a flag), it is not CPU-only."""
+    finder = _DeviceFinder()
+    module.visit(finder)
+    if finder.accelerator:
+        return False
+    cpu_names = {name for name, values in finder.assigned.items() if all(map(_is_cpu, values))}
+
+    def cpu(node: cst.BaseExpression) -> bool:
+        return _is_cpu(node) or isinstance(node, cst.Name) and node.value in cpu_names
+
+    return all(cpu(value) for value in finder.devices)
+
+
+class _DeviceFinder(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.accelerator = False
+        self.assigned: dict[str, list[cst.BaseExpression]] = {}
+        self.devices: list[cst.BaseExpression] = []
+
+    def _word(self, text: str) -> None:
+        if _ACCELERATOR.search(text):
+            self.accelerator = True
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self._word(node.value)
+
+    def visit_SimpleString(self, node: cst.SimpleString) -> None:
+        self._word(node.value)
+
+    def visit_FormattedStringText(self, node: cst.FormattedStringText) -> None:
+        self._word(node.value)
+
+    def _target(self, target: cst.BaseExpression, value: cst.BaseExpression | None) -> None:
+        if isinstance(target, cst.Name):
+            self.assigned.setdefault(target.value, []).append(value or target)
+        name = target.value if isinstance(target, cst.Name) else \
+            target.attr.value if isinstance(target, cst.Attribute) else ""
+        if _HOLDS_DEVICE.search(name):
+            self.devices.append(value or target)
+        elif not isinstance(target, (cst.Name, cst.Attribute)):
+            for sub in (target.elements if isinstance(target, (cst.Tuple, cst.List)) else ()):
+                self._target(sub.value, None)  # unpacked: a value of its own
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        for target in node.targets:
+            self._target(target.target, node.value)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self._target(node.target, node.value)
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self._target(node.target, None)
+
+    def visit_For(self, node: cst.For) -> None:
+        self._target(node.target, None)
+
+    def visit_Param(self, node: cst.Param) -> None:
+        # a parameter gets its value from its callers, which pass the script's own values
+        # (``train(model, device)``); only a default is a value of its own. A name that is
+        # never assigned but as a parameter is in doubt: not a CPU name.
+        if node.default is not None:
+            self._target(node.name, node.default)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        last = func.attr.value if isinstance(func, cst.Attribute) else \
+            func.value if isinstance(func, cst.Name) else ""
+        if last == "device":  # torch.device(x)
+            self.devices.append(node)
+        for arg in node.args:
+            if arg.keyword is not None and _HOLDS_DEVICE.search(arg.keyword.value):
+                self.devices.append(arg.value)
+        if last == "to" and node.args and node.args[0].keyword is None:
+            moved = node.args[0].value  # .to(device), .to(args.device); not .to(torch.float16)
+            name = moved.value if isinstance(moved, cst.Name) else \
+                moved.attr.value if isinstance(moved, cst.Attribute) else ""
+            if _HOLDS_DEVICE.search(name) or isinstance(moved, (cst.SimpleString, cst.Call)):
+                self.devices.append(moved)
+
+
 def _last_name(node: cst.BaseExpression) -> str:
     name = dotted_name(node) or ""
     return name.rsplit(".", 1)[-1].lower()
@@ -54,6 +152,8 @@ class DeviceMixin(TransformerBase):
                         qual: str) -> cst.BaseExpression | None:
         if not self.rules.match("device_selectors", qual):
             return None
+        if updated.args and self._chosen_by_flag(updated.args[0].value):
+            return None  # torch.device("cpu" if not rt.device_choice(...) else rt.device().type)
         if _selects_accelerator(original, qual):
             new = self._rt_call("device")
             self._edit(new, "device", "each process uses its own device")
@@ -114,6 +214,47 @@ class DeviceMixin(TransformerBase):
                    f"`{self.rt}.device_choice` keeps the process (and the prepared model) on the "
                    "CPU, as the script did")
         return new
+
+    def _flag_still_chooses(self, updated: cst.IfExp) -> cst.IfExp:
+        """``"cpu" if args.cpu else "cuda"``: the test is a flag (not only a torch availability
+        check), so it must still choose the CPU after conversion. The test goes through
+        ``rt.device_choice``, which keeps the process (and the prepared model) on the CPU when
+        the flag says so, and the accelerator branch becomes this process's device:
+        ``"cpu" if not rt.device_choice(not args.cpu) else rt.device().type``.
+        ``"cuda" if torch.cuda.is_available() else "cpu"`` is returned as it is, and so is a
+        choice between the CPU and a GPU index."""
+        test = updated.test
+        if not any(_is_flag(o) for o in _operands(test)):
+            return updated
+        cpu_first = _is_cpu(updated.body)
+        other = updated.orelse if cpu_first else updated.body
+        if _is_device_string(other):
+            other = cst.Attribute(value=self._rt_call("device"), attr=cst.Name("type"))
+        elif not self._is_rt_device(other):  # rt.device(): torch.device("cuda") rewritten
+            return updated
+        if cpu_first:  # "cpu" if args.cpu else ...: the accelerator when not test
+            if not isinstance(test, (cst.Name, cst.Attribute, cst.Call)):
+                test = test.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+            chosen = cst.UnaryOperation(operator=cst.Not(), expression=test)
+            new_test = cst.UnaryOperation(operator=cst.Not(),
+                                          expression=self._rt_call("device_choice", chosen))
+            new = updated.with_changes(test=new_test, orelse=other)
+        else:
+            new_test = self._rt_call("device_choice", test)
+            new = updated.with_changes(test=new_test, body=other)
+        self._edit(new_test, "device", "a flag chooses the device here: where it says CPU, "
+                   f"`{self.rt}.device_choice` keeps the process (and the prepared model) on the "
+                   "CPU, as the script did")
+        self.__dict__.setdefault("_flag_choices", set()).add(id(new))
+        return new
+
+    def _is_rt_device(self, node: cst.BaseExpression) -> bool:
+        return isinstance(node, cst.Call) and dotted_name(node.func) == f"{self.rt}.device" \
+            and not node.args
+
+    def _chosen_by_flag(self, node: cst.BaseExpression) -> bool:
+        """Is ``node`` an ``x if rt.device_choice(...) else y`` made by _flag_still_chooses?"""
+        return id(node) in self.__dict__.get("_flag_choices", ())
 
     def _is_availability(self, node: cst.BaseExpression) -> bool:
         while isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not):
@@ -199,6 +340,9 @@ class DeviceMixin(TransformerBase):
         branches = (original.body, original.orelse)
         if not any(_is_cpu(b) for b in branches):
             return updated
+        flagged = self._flag_still_chooses(updated)
+        if flagged is not updated:
+            return flagged
         if any(_is_device_string(b) for b in branches):  # a device name: it stays a name
             new = cst.Attribute(value=self._rt_call("device"), attr=cst.Name("type"))
             self._edit(new, "device", "each process uses its own device: the name stays a "
@@ -218,6 +362,15 @@ def _operands(node: cst.BaseExpression) -> list[cst.BaseExpression]:
     if isinstance(node, cst.BooleanOperation):
         return [*_operands(node.left), *_operands(node.right)]
     return [node]
+
+
+def _is_flag(node: cst.BaseExpression) -> bool:
+    """``args.cpu``, ``not opt.cuda``, ``cfg["use_gpu"]``, ``args.device == "cpu"``: a setting
+    read in place. A bare name (``use_cuda``) is not: where it holds a flag, its own assignment
+    goes through ``device_choice`` (``use_cuda = not args.no_cuda and ...``)."""
+    while isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not):
+        node = node.expression
+    return isinstance(node, (cst.Attribute, cst.Subscript, cst.Comparison))
 
 
 def _is_gpu(arg: cst.Arg) -> bool:

@@ -20,6 +20,8 @@ from distify.analysis.facts import gather_facts, parse_ast
 from distify.analysis.names import ImportMap
 from distify.analysis.positions import lines_of, start_line
 from distify.analysis.project import module_names
+from distify.convert.base import Edit
+from distify.convert.devices import CPU_MESSAGE, stays_on_cpu
 from distify.convert.transformer import DistifyTransformer
 from distify.errors import UserError
 from distify.rules import RuleSet, default_rules
@@ -124,7 +126,11 @@ def _rewrite(path: str, source: bytes, module: cst.Module, transformer: DistifyT
                           reason="nothing to convert")
     updated = _add_import(updated, first_touched=transformer.first_touched, rt=rt,
                           runtime_module=runtime_module)
-    code, changes, notes = _located(updated, transformer.edits)
+    edits = transformer.edits
+    if stays_on_cpu(module) and _prepares(transformer):
+        updated, line = _stay_on_cpu(updated, rt)
+        edits = [*edits, Edit(line, "device", CPU_MESSAGE.format(rt=rt))]
+    code, changes, notes = _located(updated, edits)
     return FileResult(path, source, code.encode(updated.encoding), "converted", changes, notes,
                       tuple(dict.fromkeys(transformer.batch_sizes)), runtime_name=rt,
                       own_mixed_precision=transformer.own_mixed_precision)
@@ -200,6 +206,32 @@ def _add_import(updated: cst.Module, *, first_touched: int, rt: str,
     else:
         body.insert(index, stmt)
     return updated.with_changes(body=body)
+
+
+def _prepares(transformer: DistifyTransformer) -> bool:
+    return any(edit.kind == "prepare-model" and not edit.needs_human for edit in transformer.edits)
+
+
+def _stay_on_cpu(updated: cst.Module, rt: str) -> tuple[cst.Module, cst.SimpleStatementLine]:
+    """Add ``rt.init(cpu=True)`` on the line after the runtime's import."""
+    line = cst.SimpleStatementLine(body=[cst.Expr(cst.parse_expression(f"{rt}.init(cpu=True)"))])
+    body = list(updated.body)
+    index = next(i for i, stmt in enumerate(body) if _imports_runtime(stmt, rt))
+    body.insert(index + 1, line)
+    return updated.with_changes(body=body), line
+
+
+def _imports_runtime(stmt: cst.CSTNode, rt: str) -> bool:
+    if not isinstance(stmt, cst.SimpleStatementLine):
+        return False
+    for small in stmt.body:
+        if isinstance(small, cst.Import):
+            for alias in small.names:
+                name = alias.asname.name if alias.asname else alias.name
+                if isinstance(name, cst.Name) and name.value == rt or \
+                        cst.Module([]).code_for_node(alias.name) == rt:
+                    return True
+    return False
 
 
 def _future_count(line: cst.SimpleStatementLine) -> int:
