@@ -1,8 +1,10 @@
 """`distify verify` end to end: real runs (plain python and torchrun, Gloo on CPU).
 
-Each verify makes 3 runs (one of them 2 processes), so the cases are batched: one correct
-conversion, one conversion sabotaged twice (a print and a save on every rank), one script that
-fails on its own, and usage errors, which start no run.
+Each verify makes 5 runs (two of them 2 processes), so the cases are batched: one correct
+conversion, one conversion sabotaged four times (a print and a save on every rank, the training
+loader unprepared, a metric reduction removed), one with the model unprepared and the runtime's
+refusal turned off, one script that fails on its own, and usage errors, which start no run. The
+hooks' loop caps and frozen weights are tested on plain ``python`` runs (no verify).
 """
 
 from __future__ import annotations
@@ -38,10 +40,13 @@ def test_a_correct_conversion_passes_and_nothing_is_written_beside_it(tmp_path):
     proc = _verify("train.py", *ARGS, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     checks = _checks(proc)
-    assert sorted(checks) == [1, 2, 3, 4, 6]
+    assert sorted(checks) == [1, 2, 3, 4, 5, 6]
     assert all(check["ok"] for check in checks.values()), checks
     assert "synthetic_cnn.pt" in checks[1]["evidence"]  # the saved file was compared
     assert "8 parameters bit-identical on 2 ranks" in checks[2]["evidence"]
+    # the "Test set: Average loss, Accuracy n/251" line: the test loop stays whole (--steps 2)
+    assert checks[5]["evidence"] == ("1 line(s) printed after 1 evaluation loop(s), 3 number(s) "
+                                     "equal within rtol 0.0001"), checks[5]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train.py"]
 
 
@@ -52,13 +57,16 @@ def test_a_sabotaged_conversion_fails_naming_the_checks_and_lines(tmp_path):
                    capture_output=True, timeout=120, check=True)
     source = (tmp_path / "train_dist.py").read_text()
     loader = "train_loader = distify.prepare(DataLoader("
+    reduction = "        correct = distify.reduce(correct)\n"
     assert "distify.print(f\"Train Epoch" in source and "distify.save(" in source
-    assert loader in source
-    # three sabotages at once: a print guard removed, a save on every rank, the training
-    # loader left unprepared (every rank then trains on the same batches)
+    assert loader in source and reduction in source
+    # four sabotages at once: a print guard removed, a save on every rank, the training
+    # loader left unprepared (every rank then trains on the same batches), the reduction of
+    # the test accuracy removed (rank 0 then counts its own shard only)
     sabotaged = source.replace("distify.print(f\"Train Epoch", "print(f\"Train Epoch") \
                       .replace("distify.save(", "torch.save(") \
-                      .replace(loader, "train_loader = (DataLoader(")
+                      .replace(loader, "train_loader = (DataLoader(") \
+                      .replace(reduction, "")
     (tmp_path / "train_dist.py").write_text(sabotaged)
     save_line = 1 + sabotaged.splitlines().index(
         next(line for line in sabotaged.splitlines() if "torch.save(" in line))
@@ -66,7 +74,12 @@ def test_a_sabotaged_conversion_fails_naming_the_checks_and_lines(tmp_path):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     checks = _checks(proc)
     assert checks[1]["ok"] and checks[2]["ok"] and checks[6]["ok"], checks
-    assert not checks[3]["ok"] and not checks[4]["ok"]
+    assert not checks[3]["ok"] and not checks[4]["ok"] and not checks[5]["ok"]
+    evidence = checks[5]["evidence"]  # stdout: a Train Epoch line, a blank line, Test set
+    assert evidence.startswith("stdout line 3 (after evaluation) differs: 'Test set: Average "
+                               "loss:"), evidence
+    assert "Accuracy: " in evidence and "/251' (rank 0 of the conversion on 2 processes, " \
+        "frozen weights)" in evidence, evidence
     assert checks[3]["evidence"].startswith("ranks 0 and 1 fed Net the same batch"), checks[3]
     evidence = checks[4]["evidence"]
     assert "rank 1 printed" in evidence and "Train Epoch" in evidence, evidence
@@ -114,6 +127,7 @@ def test_a_hang_is_stopped_and_the_run_named_and_a_changed_print_fails_check_1(t
     assert checks[6]["evidence"] == ("the conversion on 2 processes was still running after "
                                      "15 s and was stopped")
     assert checks[2]["evidence"] == "not checked: the conversion on 2 processes timed out"
+    assert checks[5]["evidence"] == checks[2]["evidence"]  # no frozen pair after a hang
     assert checks[1]["evidence"] == ("stdout line 1 differs: 'done 0.5' (original) vs "
                                      "'done 0.25' (conversion)")
 
@@ -152,3 +166,78 @@ def test_a_run_writing_through_a_linked_big_file_writes_a_copy_never_the_users_f
     assert (home / "big.bin").read_bytes() == b"user data"
     assert (home / "ckpt.pt").read_bytes() == b"user checkpoint"
     assert not (run / "big.bin").is_symlink() and not (run / "ckpt.pt").is_symlink()
+
+
+def test_a_model_left_unprepared_with_the_refusal_turned_off_fails_check_2(tmp_path):
+    shutil.copy(EXAMPLE, tmp_path / "train.py")
+    subprocess.run([sys.executable, "-m", "distify", "convert", "train.py", "-o",
+                    "train_dist.py", "--no-config"], cwd=tmp_path, env=clean_env(),
+                   capture_output=True, timeout=120, check=True)
+    source = (tmp_path / "train_dist.py").read_text()
+    prepare = "    model, optimizer = distify.prepare(model, optimizer)\n"
+    assert prepare in source
+    (tmp_path / "train_dist.py").write_text(source.replace(prepare, ""))
+    env = {**clean_env(), "DISTIFY_ALLOW_UNSYNCED": "1"}  # distify/runtime/_guard.py's refusal
+    proc = subprocess.run([sys.executable, "-m", "distify", "verify", "train.py",
+                           "train_dist.py", *ARGS], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    checks = _checks(proc)
+    assert not checks[2]["ok"], checks
+    assert checks[2]["evidence"].startswith("rank 1 differs from rank 0 at the end: first Net."), \
+        checks[2]
+    assert checks[1]["ok"] and checks[3]["ok"] and checks[6]["ok"], checks
+
+
+def test_the_hooks_cap_training_loops_keep_evaluation_whole_and_freeze_weights(tmp_path):
+    """--steps caps training loops only, --eval-steps evaluation loops; a frozen run undoes
+    optimizer steps, keeps BatchNorm statistics and records the lines printed after evaluation."""
+    from distify.verify import runs
+
+    (tmp_path / "job.py").write_text(textwrap.dedent("""\
+        import torch
+        from torch.utils.data import DataLoader
+
+        model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
+        before = [p.clone() for p in model.parameters()], model[1].running_mean.clone()
+        opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+        scaler = torch.amp.GradScaler("cpu", enabled=True)
+        loader = DataLoader(torch.randn(40, 2), batch_size=4)
+        model.train()
+        trained = 0
+        for x in loader:
+            trained += 1
+            opt.zero_grad()
+            scaler.scale(model(x).square().mean()).backward()
+            scaler.step(opt)
+            scaler.update()
+        print("trained", trained)
+        model.eval()
+        with torch.no_grad():
+            evaluated = sum(1 for x in loader)
+        print("evaluated", evaluated)
+        evaluated = sum(1 for x in loader)  # eval mode, gradients on: evaluation too
+        same = all(torch.equal(a, b) for a, b in zip(before[0], model.parameters()))
+        print("unchanged", same, torch.equal(before[1], model[1].running_mean), evaluated)
+    """))
+    outputs = {}
+    for name, extra in [("capped", {"DISTIFY_VERIFY_STEPS": "2"}),
+                        ("frozen", {"DISTIFY_VERIFY_STEPS": "3", "DISTIFY_VERIFY_EVAL_STEPS": "4",
+                                    "DISTIFY_VERIFY_FROZEN": "1"})]:
+        records = tmp_path / name
+        records.mkdir()
+        env = {**clean_env(), "PYTHONPATH": str(runs.HOOKS), "DISTIFY_VERIFY_DIR": str(records),
+               "DISTIFY_VERIFY_SCRIPT": str(tmp_path / "job.py"), **extra}
+        proc = subprocess.run([sys.executable, "job.py"], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        outputs[name] = proc.stdout, json.loads((records / "rank0.json").read_text())
+    stdout, record = outputs["capped"]
+    assert stdout == "trained 2\nevaluated 10\nunchanged False False 10\n"
+    assert "after_eval" in record and record["after_eval"] == []  # recorded in frozen runs only
+    stdout, record = outputs["frozen"]
+    assert stdout == "trained 3\nevaluated 4\nunchanged True True 4\n"
+    assert record["evaluations"] == 2
+    # stdout lines from index 0: "evaluated 4" (1) was printed after the first evaluation
+    # loop, up to the second's start; "unchanged ..." (2) after the second, to the end
+    assert record["after_eval"] == [[1, 2], [2, None]], record

@@ -42,22 +42,28 @@ Examples:
               default=2, show_default=True, help="Processes of the distributed run.")
 @click.option("--cpu", is_flag=True, help="Run on CPUs (Gloo) even where GPUs are present.")
 @click.option("--steps", type=click.IntRange(1),
-              help="Stop every DataLoader loop (training and evaluation, in every run alike) "
-                   "after K batches per epoch. Default: whole loops.")
+              help="Stop every training DataLoader loop after K batches per epoch, in every run "
+                   "alike; evaluation loops stay whole. Default: whole loops.")
+@click.option("--eval-steps", "--eval_steps", "eval_steps", type=click.IntRange(1),
+              help="Stop every evaluation DataLoader loop (started under no_grad, or with every "
+                   "trained model in eval mode) after E batches. Default: whole loops.")
 @click.option("--timeout", type=click.FloatRange(1), default=600.0, show_default=True,
               help="Seconds each run may take; a run still going then is stopped (a hang).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output on stdout.")
 def verify(original: Path, converted: Path | None, processes: int, cpu: bool, steps: int | None,
-           timeout: float, as_json: bool) -> None:
+           eval_steps: int | None, timeout: float, as_json: bool) -> None:
     """Run ORIGINAL and its conversion for a few steps and check what an engineer checks by hand.
 
     Runs, each in its own temporary copy of the script's folder (nothing is written beside the
     script): ORIGINAL on 1 process, the conversion (CONVERTED, or ORIGINAL converted in a
     temporary folder) on 1 process with plain python, and on N processes as `distify launch`
-    runs it. Script arguments go after `--`, the same for every run. Checks: (1) world size 1
-    unchanged: stdout, files written (tensor values of torch files), final parameters;
-    (2) replicas identical at the end; (3) distinct data per rank (the first training inputs);
-    (4) only the main process printed and wrote files; (6) no hang. Exit 0 when every check
+    runs it; then ORIGINAL on 1 process and the conversion on N with frozen weights (optimizer
+    steps undone, BatchNorm statistics kept). Script arguments go after `--`, the same for every
+    run. Checks: (1) world size 1 unchanged: stdout, files written (tensor values of torch
+    files), final parameters; (2) replicas identical at the end; (3) distinct data per rank (the
+    first training inputs); (4) only the main process printed and wrote files; (5) the lines
+    printed after each evaluation loop match with frozen weights (numbers within rtol 1e-4);
+    (6) no hang. Exit 0 when every check
     passes, 1 when one fails (or the original fails on its own), 2 for usage errors.
     """
     from distify.verify.session import verify as run_verify
@@ -67,15 +73,15 @@ def verify(original: Path, converted: Path | None, processes: int, cpu: bool, st
         if not path.is_file():
             raise UserError("script not found", path=str(path))
     outcome = run_verify(original, converted, script_args, processes=processes, cpu=cpu,
-                         steps=steps, timeout=timeout)
+                         steps=steps, eval_steps=eval_steps, timeout=timeout)
     if as_json:
         click.echo(json.dumps(_as_json(outcome), indent=1))
     else:
-        _render(outcome, processes, steps)
+        _render(outcome, processes, steps, eval_steps)
     click.get_current_context().exit(0 if outcome.ok else 1)
 
 
-def _render(outcome, processes: int, steps: int | None) -> None:
+def _render(outcome, processes: int, steps: int | None, eval_steps: int | None) -> None:
     first = outcome.runs[0]
     if outcome.original_failed:
         click.echo(first.stderr.rstrip()[-4000:], err=True)
@@ -84,7 +90,8 @@ def _render(outcome, processes: int, steps: int | None) -> None:
         click.echo(f"distify: {outcome.original} {why} on its own (run in a temporary copy of "
                    "its folder): nothing to verify", err=True)
         return
-    capped = f", DataLoader loops capped at {steps} batches" if steps else ""
+    capped = f", training loops capped at {steps} batches" if steps else ""
+    capped += f", evaluation loops capped at {eval_steps} batches" if eval_steps else ""
     click.echo(f"distify verify: {outcome.original} against {outcome.converted}; "
                f"{processes} processes{capped}")
     for run in outcome.runs:

@@ -6,6 +6,7 @@ not finish fails, saying which run; it never passes for want of evidence.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -224,6 +225,78 @@ def _shown(path: str, folder: Path) -> str:
         return Path(path).resolve().relative_to(folder.resolve()).as_posix()
     except ValueError:
         return path
+
+
+# ------------------------------------------------------- 5: evaluation metrics, frozen weights
+
+RTOL = 1e-4
+_NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
+
+
+def eval_metrics(original: Run, job: Run) -> Check:
+    """With frozen weights, the lines printed after each evaluation loop (see the hooks'
+    ``after_eval``) are the same, with the same numbers within :data:`RTOL` (or one unit in the
+    last printed digit, for numbers printed with a decimal point), in the original on 1 process
+    and on rank 0 of the conversion on N processes."""
+    name = "evaluation metrics equal with frozen weights"
+    skipped = _not_run(5, name, original, job)
+    if skipped:
+        return skipped
+    if not original.records[0].get("evaluations"):
+        return Check(5, name, True, "nothing to compare: the original ran no evaluation loop "
+                                    "(a DataLoader loop under no_grad or with the model in eval "
+                                    "mode)")
+    ours = _after_eval(original.stdout[0], original.records[0])
+    theirs = _after_eval(job.stdout.get(0, ""), job.records[0])
+    where = f"rank 0 of {job.name}"
+    for (number, a), (_, b) in zip(ours, theirs):
+        difference = _line_difference(a, b)
+        if difference:
+            return Check(5, name, False, f"stdout line {number} (after evaluation) differs: "
+                                         f"{a.strip()!r} (the original) vs {b.strip()!r} "
+                                         f"({where}){difference}")
+    if len(ours) != len(theirs):
+        return Check(5, name, False, f"{len(ours)} line(s) printed after evaluation by the "
+                                     f"original vs {len(theirs)} by {where}")
+    count = sum(len(_NUMBER.findall(line)) for _, line in ours)
+    return Check(5, name, True, f"{len(ours)} line(s) printed after "
+                                f"{original.records[0]['evaluations']} evaluation loop(s), "
+                                f"{count} number(s) equal within rtol {RTOL:g}")
+
+
+def _after_eval(stdout: str, record: dict) -> list[tuple[int, str]]:
+    """(stdout line number from 1, line) of the non-blank lines printed after evaluation."""
+    lines = stdout.split("\n")
+    found = []
+    for first, end in record.get("after_eval", []):
+        for index in range(first, len(lines) if end is None else min(end, len(lines))):
+            if lines[index].strip():
+                found.append((index + 1, lines[index]))
+    return found
+
+
+def _line_difference(a: str, b: str) -> str | None:
+    if _NUMBER.sub("#", a).strip() != _NUMBER.sub("#", b).strip():
+        return ": the text differs"
+    for x, y in zip(_NUMBER.findall(a), _NUMBER.findall(b)):
+        if not _close(x, y):
+            return f": {x} vs {y}"
+    return None
+
+
+def _close(x: str, y: str) -> bool:
+    a, b = float(x), float(y)
+    unit = max(_last_digit(x), _last_digit(y))
+    return abs(a - b) <= RTOL * max(abs(a), abs(b)) + unit
+
+
+def _last_digit(token: str) -> float:
+    """One unit in the last printed digit of a number printed with a decimal point, else 0."""
+    mantissa, _, exponent = token.lower().partition("e")
+    if "." not in mantissa:
+        return 0.0
+    decimals = len(mantissa.partition(".")[2])
+    return 10.0 ** (int(exponent or 0) - decimals)
 
 
 # ------------------------------------------------------------------------------- 6: no hang

@@ -34,6 +34,17 @@ _SKIP = shutil.ignore_patterns(".git", "__pycache__", ".venv", "venv", ".ipynb_c
 
 
 @dataclass(frozen=True)
+class Caps:
+    """What the hooks change in a run: ``steps`` caps training DataLoader loops, ``eval_steps``
+    evaluation loops (None: whole); ``frozen``: optimizer steps undone, BatchNorm statistics
+    kept (check 5's runs)."""
+
+    steps: int | None = None
+    eval_steps: int | None = None
+    frozen: bool = False
+
+
+@dataclass(frozen=True)
 class Run:
     """How one run ended and what its processes recorded."""
 
@@ -75,15 +86,19 @@ def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
     return found
 
 
-def _env(records: Path, script: Path, steps: int | None, extra: dict[str, str]) -> dict[str, str]:
+def _env(records: Path, script: Path, caps: Caps, extra: dict[str, str]) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DISTIFY_VERIFY")}
     env.update(extra)
     python_path = [str(HOOKS), *filter(None, [env.get("PYTHONPATH")])]
     env.update({"PYTHONPATH": os.pathsep.join(python_path), "DISTIFY_VERIFY_DIR": str(records),
                 "DISTIFY_VERIFY_SCRIPT": str(script), "PYTHONDONTWRITEBYTECODE": "1",
                 "PYTHONUNBUFFERED": "1"})
-    if steps:
-        env["DISTIFY_VERIFY_STEPS"] = str(steps)
+    if caps.steps:
+        env["DISTIFY_VERIFY_STEPS"] = str(caps.steps)
+    if caps.eval_steps:
+        env["DISTIFY_VERIFY_EVAL_STEPS"] = str(caps.eval_steps)
+    if caps.frozen:
+        env["DISTIFY_VERIFY_FROZEN"] = "1"
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                  "MASTER_PORT"):
         env.pop(name, None)  # verify itself run under a launcher: each run starts afresh
@@ -151,7 +166,7 @@ def _records(directory: Path) -> dict[int, dict]:
 
 
 def run_single(name: str, script: Path, folder: Path, args: Sequence[str], *, cpu: bool,
-               timeout: float, steps: int | None, work: Path) -> Run:
+               timeout: float, caps: Caps, work: Path) -> Run:
     """``python script args`` in ``folder`` (the run's copy), 1 process, no launcher; ``cpu``
     hides the GPUs (``CUDA_VISIBLE_DEVICES=""``), as the runtime's ``DISTIFY_USE_CPU`` does."""
     records = work / f"{name}-records"
@@ -159,7 +174,7 @@ def run_single(name: str, script: Path, folder: Path, args: Sequence[str], *, cp
     before = _snapshot(folder)
     code, timed_out, out, err, seconds = _execute(
         [sys.executable, str(script), *args], folder,
-        _env(records, script, steps, {"CUDA_VISIBLE_DEVICES": "", "DISTIFY_USE_CPU": "1"}
+        _env(records, script, caps, {"CUDA_VISIBLE_DEVICES": "", "DISTIFY_USE_CPU": "1"}
              if cpu else {}),
         timeout)
     return Run(name, 1, folder, code, timed_out, seconds, {0: out}, err, _records(records),
@@ -167,7 +182,7 @@ def run_single(name: str, script: Path, folder: Path, args: Sequence[str], *, cp
 
 
 def run_parallel(name: str, script: Path, folder: Path, args: Sequence[str], *, processes: int,
-                 cpu: bool, timeout: float, steps: int | None, work: Path) -> Run:
+                 cpu: bool, timeout: float, caps: Caps, work: Path) -> Run:
     """The job ``distify launch --num_processes N [--cpu] script args`` runs, in ``folder``."""
     from distify.launch.config import default_config, with_overrides
     from distify.launch.torchrun import build_plan
@@ -178,7 +193,7 @@ def run_parallel(name: str, script: Path, folder: Path, args: Sequence[str], *, 
     cfg = with_overrides(default_config(), num_processes=processes, use_cpu=cpu or None)
     plan = build_plan(cfg, str(script), list(args), log_dir=str(log_dir))
     before = _snapshot(folder)
-    env = _env(records, script, steps, {**plan.env, "DISTIFY_VERIFY_LAUNCHED": "1"})
+    env = _env(records, script, caps, {**plan.env, "DISTIFY_VERIFY_LAUNCHED": "1"})
     code, timed_out, out, err, seconds = _execute(plan.argv, folder, env, timeout)
     log = work / f"{name}-stderr.log"
     log.write_text(err)

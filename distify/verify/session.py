@@ -1,8 +1,10 @@
 """One ``distify verify``: convert if asked, make the runs, run the checks.
 
 Runs, each in its own temporary copy of the script's folder (nothing is written beside the
-script): the original on 1 process, the conversion on 1 process (plain ``python``), and the
-conversion on N processes (the job ``distify launch`` would run). The original runs first: if it
+script): the original on 1 process, the conversion on 1 process (plain ``python``), the
+conversion on N processes (the job ``distify launch`` would run), and check 5's frozen-weights
+pair: the original on 1 process and the conversion on N processes, optimizer steps undone and
+BatchNorm statistics kept (``hooks/_distify_verify.py``). The original runs first: if it
 fails on its own there is nothing to verify, and the other runs are not made.
 """
 
@@ -17,7 +19,7 @@ from pathlib import Path
 from distify.errors import UserError
 from distify.verify import checks
 from distify.verify.checks import Check
-from distify.verify.runs import Run, copy_folder, run_parallel, run_single
+from distify.verify.runs import Caps, Run, copy_folder, run_parallel, run_single
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,8 @@ class Outcome:
 
 
 def verify(original: Path, converted: Path | None, args: Sequence[str], *, processes: int,
-           cpu: bool, steps: int | None, timeout: float) -> Outcome:
+           cpu: bool, steps: int | None, timeout: float,
+           eval_steps: int | None = None) -> Outcome:
     """Run ``original`` and its conversion and check them (see the module docstring).
 
     Args:
@@ -48,7 +51,8 @@ def verify(original: Path, converted: Path | None, args: Sequence[str], *, proce
         args: the script's arguments, the same for every run.
         processes: N, the processes of the distributed run (2 or more).
         cpu: run on CPUs (Gloo) even where GPUs are present.
-        steps: cap every DataLoader iteration at this many batches; None: whole loops.
+        steps: cap every training DataLoader iteration at this many batches; None: whole.
+        eval_steps: cap every evaluation DataLoader iteration (see the hooks); None: whole.
         timeout: seconds each run may take before it is stopped.
 
     Raises:
@@ -56,14 +60,14 @@ def verify(original: Path, converted: Path | None, args: Sequence[str], *, proce
     """
     work = Path(tempfile.mkdtemp(prefix="distify-verify-"))
     try:
-        return _verify(original, converted, args, processes=processes, cpu=cpu, steps=steps,
-                       timeout=timeout, work=work)
+        return _verify(original, converted, args, processes=processes, cpu=cpu,
+                       caps=Caps(steps, eval_steps), timeout=timeout, work=work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
 def _verify(original: Path, converted: Path | None, args: Sequence[str], *, processes: int,
-            cpu: bool, steps: int | None, timeout: float, work: Path) -> Outcome:
+            cpu: bool, caps: Caps, timeout: float, work: Path) -> Outcome:
     source = _script_text(original)
     if converted is not None:
         converted_text = _script_text(converted)
@@ -83,25 +87,39 @@ def _verify(original: Path, converted: Path | None, args: Sequence[str], *, proc
         converted_name = f"{stem}_dist.py"
     shown = str(converted) if converted is not None else "<converted in a temporary folder>"
     first = run_single("the original on 1 process", original_script, original_folder, args,
-                       cpu=cpu, timeout=timeout, steps=steps, work=work / "r0")
+                       cpu=cpu, timeout=timeout, caps=caps, work=work / "r0")
     if not first.ok:
         return Outcome(str(original), shown, (first,), ())
     folders = []
-    for number in (1, 2):
+    for number in (1, 2, 3):
         folder = work / f"conversion{number}"
         copy_folder(converted_home, folder)
         (folder / converted_name).write_text(converted_text, encoding="utf-8")
         folders.append(folder)
     single = run_single("the conversion on 1 process", folders[0] / converted_name, folders[0],
-                        args, cpu=cpu, timeout=timeout, steps=steps, work=work / "r1")
+                        args, cpu=cpu, timeout=timeout, caps=caps, work=work / "r1")
     job = run_parallel(f"the conversion on {processes} processes", folders[1] / converted_name,
                        folders[1], args, processes=processes, cpu=cpu, timeout=timeout,
-                       steps=steps, work=work / "r2")
+                       caps=caps, work=work / "r2")
     runs = [first, single, job]
+    if job.ok:  # else check 5 says why it is not checked (a hang is not waited for twice)
+        frozen = Caps(caps.steps, caps.eval_steps, frozen=True)
+        frozen_folder = work / "original-frozen"
+        copy_folder(original.resolve().parent, frozen_folder)
+        frozen_script = frozen_folder / f"{stem}.py"
+        frozen_script.write_bytes(original_script.read_bytes())
+        runs.append(run_single("the original on 1 process, frozen weights", frozen_script,
+                               frozen_folder, args, cpu=cpu, timeout=timeout, caps=frozen,
+                               work=work / "r3"))
+        runs.append(run_parallel(f"the conversion on {processes} processes, frozen weights",
+                                 folders[2] / converted_name, folders[2], args,
+                                 processes=processes, cpu=cpu, timeout=timeout, caps=frozen,
+                                 work=work / "r4"))
+    frozen_pair = runs[3:] if job.ok else [first, job]
     shown_name = converted.name if converted is not None else converted_name
     found = (checks.world_size_1(first, single), checks.replicas(job),
              checks.distinct_data(job, shown_name), checks.one_writer(job),
-             checks.no_hang(runs, timeout))
+             checks.eval_metrics(*frozen_pair), checks.no_hang(runs, timeout))
     return Outcome(str(original), shown, tuple(runs), found)
 
 

@@ -12,11 +12,22 @@ Started by ``sitecustomize`` (this folder). At exit the process writes ``rank<RA
 - ``writes``: every file opened for writing (the ``open`` audit event, and ``torch.save``'s
   writer, which opens its file unaudited) by code of the script's folder, with the line of the
   innermost such frame (writes of distify's runtime, which guards its own, are left out);
-- ``steps``: with ``DISTIFY_VERIFY_STEPS=K``, every ``DataLoader`` iteration stops after K
-  batches (per ``iter()``, so per epoch).
+- ``steps``: with ``DISTIFY_VERIFY_STEPS=K``, every training ``DataLoader`` iteration stops
+  after K batches (per ``iter()``, so per epoch); evaluation iterations only with
+  ``DISTIFY_VERIFY_EVAL_STEPS=E``, after E. An iteration is *evaluation* when, at its ``iter()``,
+  gradients are off (``torch.no_grad``, ``inference_mode``) or every model that has run a
+  training forward so far is in eval mode;
+- ``evaluations``, ``after_eval``: with ``DISTIFY_VERIFY_FROZEN=1`` (check 5's frozen-weights
+  runs), the number of evaluation iterations and the stdout lines printed after one ended and
+  before the next ``DataLoader`` iteration began (``[first, end)`` line indices, end None: to
+  the end). Such a run also freezes the weights: every optimizer step (``GradScaler.step``
+  included, it calls the optimizer's) restores the parameters it stepped, and every BatchNorm
+  gets ``momentum=0.0`` before its forwards (training forwards still normalise with batch
+  statistics; the running statistics stay as built).
 
 It never changes what the script computes (hooks only read; no random numbers), except for the
-cap the user asked for with ``--steps``. torch is never imported by this module: the hooks are
+caps the user asked for with ``--steps``/``--eval-steps`` and the frozen weights of check 5's
+runs. torch is never imported by this module: the hooks are
 installed right after the script's own ``import torch`` (a meta path finder waits for it).
 """
 
@@ -33,6 +44,7 @@ import shutil
 import sys
 import threading
 import traceback
+import weakref
 from typing import Any
 
 INPUT_FORWARDS = 3
@@ -41,6 +53,13 @@ _WRITE = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 _directory = os.environ.get("DISTIFY_VERIFY_DIR", "")
 _script = os.path.abspath(os.environ.get("DISTIFY_VERIFY_SCRIPT", sys.argv[0] or ""))
 _steps = int(os.environ.get("DISTIFY_VERIFY_STEPS") or 0)
+_eval_steps = int(os.environ.get("DISTIFY_VERIFY_EVAL_STEPS") or 0)
+_frozen = os.environ.get("DISTIFY_VERIFY_FROZEN") == "1"
+_saved: dict[int, list] = {}  # optimizer id -> its parameters before the step (frozen runs)
+_models: Any = weakref.WeakSet()  # the models that ran a training forward
+_after_eval: list[list] = []  # [first line, end line or None] printed after an evaluation loop
+_evaluations = [0]
+_batch_norm: Any = None
 _pid = os.getpid()
 _installed = False
 _errors: list[str] = []
@@ -61,6 +80,8 @@ def start() -> None:
     """Called by sitecustomize: audit writes now, hook torch once imported, record at exit."""
     atexit.register(_write_record)
     sys.addaudithook(_audit)
+    if _frozen:
+        sys.stdout = _CountingStdout(sys.stdout)
     if "torch" in sys.modules:
         _install()
     else:
@@ -91,7 +112,7 @@ class _AfterTorchImport(importlib.abc.MetaPathFinder):
 
 
 def _install() -> None:
-    global _installed, _torch
+    global _installed, _torch, _batch_norm
     if _installed:
         return
     _installed = True
@@ -103,20 +124,101 @@ def _install() -> None:
         from torch.utils.data import DataLoader
 
         _torch = torch
+        if _frozen:
+            from torch.nn.modules.batchnorm import _BatchNorm
+
+            _batch_norm = _BatchNorm
+            optim_module.register_optimizer_step_pre_hook(_before_step)
         optim_module.register_optimizer_step_post_hook(_after_step)
         nn_module.register_module_forward_pre_hook(_before_forward)
         nn_module.register_module_forward_hook(_after_forward, with_kwargs=True,
                                                always_call=True)
         _watch_torch_save(torch.serialization)
-        if _steps > 0:
+        if _steps > 0 or _eval_steps > 0 or _frozen:
             iterate = DataLoader.__iter__
 
             def capped(self):
-                return itertools.islice(iterate(self), _steps)
+                evaluating = _evaluating()
+                _loop_starts()
+                batches = iterate(self)
+                cap = _eval_steps if evaluating else _steps
+                if cap > 0:
+                    batches = itertools.islice(batches, cap)
+                if not _frozen:
+                    return batches
+                if evaluating:
+                    _evaluations[0] += 1
+                return _tracked(batches, evaluating)
 
             DataLoader.__iter__ = capped
     except Exception:
         _errors.append("installing the hooks failed:\n" + traceback.format_exc())
+
+
+# ------------------------------------------------------- loops, evaluation, frozen weights
+
+
+class _CountingStdout:
+    """``sys.stdout`` as it was, counting the lines written (frozen runs only)."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self.lines = 0
+
+    def write(self, text: str) -> int:
+        self.lines += str(text).count("\n")
+        return self._stream.write(text)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _stdout_lines() -> int | None:
+    stream = sys.stdout
+    return stream.lines if isinstance(stream, _CountingStdout) else None
+
+
+def _evaluating() -> bool:
+    if not _torch.is_grad_enabled():
+        return True
+    models = list(_models)
+    return bool(models) and not any(model.training for model in models)
+
+
+def _loop_starts() -> None:
+    if _after_eval and _after_eval[-1][1] is None:
+        _after_eval[-1][1] = _stdout_lines()
+
+
+def _tracked(batches: Any, evaluating: bool) -> Any:
+    try:
+        yield from batches
+    finally:
+        if evaluating:
+            _loop_starts()
+            lines = _stdout_lines()
+            if lines is not None:
+                _after_eval.append([lines, None])
+
+
+def _before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    with _torch.no_grad():
+        _saved[id(optimizer)] = [p.detach().clone() for group in optimizer.param_groups
+                                 for p in group["params"]]
+
+
+def _restore(optimizer: Any) -> None:
+    saved = _saved.pop(id(optimizer), None)
+    if saved is None:
+        return
+    with _torch.no_grad():
+        parameters = [p for group in optimizer.param_groups for p in group["params"]]
+        for parameter, before in zip(parameters, saved):
+            parameter.copy_(before)
 
 
 # ----------------------------------------------------------------------------------- writes
@@ -219,11 +321,15 @@ def _watch_torch_save(serialization: Any) -> None:
 
 def _after_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     _optimizers.setdefault(id(optimizer), optimizer)
+    if _frozen:
+        _restore(optimizer)
 
 
 def _before_forward(module: Any, args: Any) -> None:
     if _torch.compiler.is_compiling():
         return None
+    if _batch_norm is not None and isinstance(module, _batch_norm) and module.momentum != 0.0:
+        module.momentum = 0.0  # frozen runs: running statistics stay as built
     _local.depth = getattr(_local, "depth", 0) + 1
     return None
 
@@ -262,6 +368,7 @@ def _record_root(module: Any, args: Any, kwargs: Any) -> None:
         return  # a loss function or a frozen model: nothing of it trains
     # parameters, not the module: a module holding a DDP object would keep the group alive
     _roots.setdefault(id(root), (type(root).__name__, list(root.named_parameters())))
+    _models.add(module)
     if len(_inputs) < INPUT_FORWARDS:
         digest = hashlib.sha256()
         tensors = _tensors((args, kwargs))
@@ -328,6 +435,7 @@ def _write_record() -> None:
         "rank": int(rank), "world_size": int(os.environ.get("WORLD_SIZE", "1")),
         "failed": hasattr(sys, "last_value"), "hooked": _torch is not None,
         "trained": [], "inputs": _inputs, "writes": _writes, "errors": _errors,
+        "evaluations": _evaluations[0], "after_eval": _after_eval,
     }
     try:
         if _torch is not None:
