@@ -258,3 +258,133 @@ def test_a_script_that_never_names_an_accelerator_stays_on_the_cpu(source: str,
     assert any("never uses an accelerator" in c.message for c in result.changes) is cpu_only
     if cpu_only:  # on the line after the runtime's import, not before it
         assert "import distify.runtime as distify\ndistify.init(cpu=True)\n" in code
+
+
+_FORWARD = """\
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+        self.register_buffer("scale", torch.ones(2))
+
+    def forward(self, x):
+        h = torch.zeros(x.size(0), 2)
+        m = torch.ones(2{device})
+        k = torch.arange(2){move}.to(x.dtype)
+        d = torch.eye(2).to(x.dtype)  # a dtype, not a device: still on the CPU
+        return self.fc(x) * self.scale + h + m + k + d.sum()
+
+
+def helper(n):
+    return torch.zeros(n)
+
+
+model = Net(){move}
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in DataLoader(data):
+    opt.zero_grad()
+    model(x{move}).sum().backward()
+    opt.step()
+"""
+
+
+@pytest.mark.parametrize(("move", "device", "reported"), [
+    (".cuda()", ", device=x.device", True), ("", "", False)],
+    ids=["gpu-script", "cpu-only-script"])
+def test_a_tensor_made_in_forward_without_device_is_reported(move: str, device: str,
+                                                             reported: bool) -> None:
+    """On the accelerator, torch.zeros(n) in a prepared module's forward is on the CPU: one note
+    on its line (not for device=, a move where it is made, __init__, or a function outside a
+    module; a move to a dtype is no move to a device); a CPU-only script
+    keeps its model on the CPU, so nothing to report."""
+    result = convert_source(_FORWARD.format(move=move, device=device).encode(), "train.py")
+    notes = [n for n in result.notes if "forward has no device=" in n.message]
+    if reported:
+        assert [(n.line, n.message.split(" ", 1)[0]) for n in notes] == [
+            (14, "`torch.zeros(...)`"), (17, "`torch.eye(...)`")]
+        assert "distify.init(cpu=True)" not in result.output.decode()
+    else:
+        assert notes == [] and "distify.init(cpu=True)" in result.output.decode()
+
+
+_FRESH = """\
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+model = Net().to(device)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = DataLoader(data)
+for x, y in loader:
+    opt.zero_grad()
+    model(x.to(device)).sum().backward()
+    opt.step()
+torch.save(model.state_dict(), "m.pt")
+best = Net()
+best.load_state_dict(torch.load("m.pt"))
+{after}
+for x, y in loader:
+    print(best(x).sum())
+"""
+
+
+@pytest.mark.parametrize(("after", "reported"), [
+    ("best.eval()", True), ("best.to(device)", False), ("best = distify_me(best)", True),
+], ids=["fresh-on-cpu", "moved", "other-call"])
+def test_a_fresh_model_evaluated_on_prepared_batches_is_reported(after: str,
+                                                                 reported: bool) -> None:
+    """`best = Net()` loaded from a checkpoint and called on a prepared loader's batches (on the
+    device) while its weights stay on the CPU: one note at the line that makes it."""
+    result = convert_source(_FRESH.format(after=after).encode(), "train.py")
+    notes = [n for n in result.notes if "is a fresh Net" in n.message]
+    if reported:
+        assert [n.line for n in notes] == [26], result.notes
+        assert result.output.decode().splitlines()[25] == "best = Net()"
+        assert "`best.to(distify.device())`" in notes[0].message
+    else:
+        assert notes == []
+
+
+def test_what_the_device_notes_report_fails_on_the_standin_and_their_fix_runs(
+        tmp_path: Path) -> None:
+    """The two notes above are true: under the stand-in, the converted scripts they report stop
+    with the device error; with the change each note asks for, they run to their end."""
+    data = "DataLoader([(torch.ones(4), torch.ones(2))] * 4, batch_size=2)"
+    converted = {name: convert_source(source.replace("DataLoader(data)", data).encode(),
+                                      "train.py").output.decode()
+                 for name, source in (("forward", _FORWARD.format(
+                     move=".cuda()", device=", device=x.device")),
+                     ("fresh", _FRESH.format(after="best.eval()")))}
+    # the converted scripts changed as the notes say
+    converted["forward_fixed"] = converted["forward"].replace(
+        "torch.zeros(x.size(0), 2)", "torch.zeros(x.size(0), 2, device=x.device)").replace(
+        "torch.eye(2).to(x.dtype)", "torch.eye(2, device=x.device).to(x.dtype)")
+    converted["fresh_fixed"] = converted["fresh"].replace(
+        "best.eval()", "best.eval()\nbest.to(distify.device())")
+    folders = []
+    for name, output in converted.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "train.py").write_text(output)
+        folders.append(tmp_path / name)
+    results = _run_under_standin(tmp_path, folders)
+    for name in ("forward", "fresh"):
+        result = results[str(tmp_path / name)]
+        assert not result["ok"] and MIXED in result["error"], result
+        fixed = results[str(tmp_path / f"{name}_fixed")]
+        assert fixed["ok"] and fixed["models"] == ["standin"], fixed

@@ -18,11 +18,12 @@ device`` still works, ``torch.autocast(device_type=device)`` still gets a string
 from __future__ import annotations
 
 import re
+from typing import Callable
 
 import libcst as cst
 
 from distify.analysis.names import dotted_name
-from distify.convert.base import TransformerBase
+from distify.convert.base import Edit, TransformerBase
 from distify.convert.syntax import (
     _is_cpu,
     _is_device_string,
@@ -121,6 +122,13 @@ class _DeviceFinder(cst.CSTVisitor):
         if node.default is not None:
             self._target(node.name, node.default)
 
+    @staticmethod
+    def _dtype_only(call: cst.Call) -> bool:
+        """``.to(torch.float16)``, ``.to(dtype=x.dtype)``: no device given."""
+        return all(arg.keyword is not None and arg.keyword.value in ("dtype", "non_blocking",
+                                                                     "copy")
+                   or arg.keyword is None and _is_dtype(arg.value) for arg in call.args)
+
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
         last = func.attr.value if isinstance(func, cst.Attribute) else \
@@ -136,6 +144,161 @@ class _DeviceFinder(cst.CSTVisitor):
                 moved.attr.value if isinstance(moved, cst.Attribute) else ""
             if _HOLDS_DEVICE.search(name) or isinstance(moved, (cst.SimpleString, cst.Call)):
                 self.devices.append(moved)
+
+
+#: torch functions that make a tensor on the CPU unless they get ``device=``
+_FACTORIES = {f"torch.{name}" for name in (
+    "zeros", "ones", "empty", "full", "arange", "linspace", "logspace", "eye", "rand", "randn",
+    "randint", "randperm", "tensor", "as_tensor", "from_numpy")}
+_MOVES = {"to", "cuda", "type_as"}
+
+FORWARD_MESSAGE = ("`{call}(...)` in {cls}.forward has no device=: it is made on the CPU while "
+                   "the prepared model and its inputs are on {rt}.device() (a device error on a "
+                   "GPU machine); pass device= an input's device, e.g. device=x.device")
+
+
+def forward_factories(module: cst.Module, model_classes: set[str],
+                      qual: Callable[[cst.BaseExpression], str | None], rt: str) -> list[Edit]:
+    """Tensors made without ``device=`` inside ``forward`` of the script's own modules (any
+    of them may be the prepared model or one of its parts): notes for a script that is not
+    CPU-only, whose model ``prepare`` puts on the accelerator."""
+    finder = _ForwardFactories(model_classes, qual, rt)
+    module.visit(finder)
+    return finder.found
+
+
+def _is_dtype(node: cst.BaseExpression) -> bool:
+    """``torch.float16``, ``x.dtype``, ``dtype``: a dtype, not a device."""
+    name = (dotted_name(node) or "").lower()
+    last = name.rsplit(".", 1)[-1]
+    return "dtype" in last or name.startswith("torch.") and last.startswith(
+        ("float", "half", "double", "bfloat", "int", "long", "short", "bool", "uint", "complex"))
+
+
+class _ForwardFactories(cst.CSTVisitor):
+    def __init__(self, model_classes: set[str],
+                 qual: Callable[[cst.BaseExpression], str | None], rt: str) -> None:
+        self.model_classes, self.qual, self.rt = model_classes, qual, rt
+        self.classes: list[str] = []
+        self.in_forward = 0
+        self.moved: set[int] = set()
+        self.found: list[Edit] = []
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self.classes.append(node.name.value)
+
+    def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
+        self.classes.pop()
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        if node.name.value == "forward" and self.classes and \
+                self.classes[-1] in self.model_classes:
+            self.in_forward += 1
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+        if original_node.name.value == "forward" and self.classes and \
+                self.classes[-1] in self.model_classes:
+            self.in_forward -= 1
+
+    @staticmethod
+    def _dtype_only(call: cst.Call) -> bool:
+        """``.to(torch.float16)``, ``.to(dtype=x.dtype)``: no device given."""
+        return all(arg.keyword is not None and arg.keyword.value in ("dtype", "non_blocking",
+                                                                     "copy")
+                   or arg.keyword is None and _is_dtype(arg.value) for arg in call.args)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        if isinstance(func, cst.Attribute) and func.attr.value in _MOVES and \
+                not (func.attr.value == "to" and self._dtype_only(node)):
+            self.moved.add(id(func.value))  # torch.zeros(n).to(x.device): moved where made
+        if not self.in_forward or id(node) in self.moved:
+            return
+        name = self.qual(func)
+        if name not in _FACTORIES:
+            return
+        if any(arg.keyword is not None and arg.keyword.value == "device" for arg in node.args):
+            return
+        shown = dotted_name(func) or name
+        self.found.append(Edit(node, "device", FORWARD_MESSAGE.format(
+            call=shown, cls=self.classes[-1], rt=self.rt), needs_human=True))
+
+
+FRESH_MESSAGE = ("`{name}` is a fresh {cls}, neither prepared nor moved to {rt}.device(), and it "
+                 "is called on the batches of a prepared loader, which are on {rt}.device(): on "
+                 "a GPU machine the weights stay on the CPU (a device error); move it: "
+                 "`{name}.to({rt}.device())`")
+_LOOP_WRAPPERS = {"enumerate", "tqdm", "tqdm.tqdm", "iter"}
+
+
+def fresh_models(module: cst.Module, model_classes: set[str], rt: str) -> list[Edit]:
+    """``net = Net()`` then ``net.load_state_dict(torch.load(...))``: a model the script makes
+    again (to evaluate a checkpoint) that is not prepared and not moved (``.to``, ``.cuda``),
+    called inside a loop over a prepared loader, whose batches are on the device. One note at
+    the line that makes it. Names are matched over the whole script (not scope by scope)."""
+    finder = _FreshModels(model_classes, rt)
+    module.visit(finder)
+    return [Edit(node, "device", FRESH_MESSAGE.format(name=name, cls=cls, rt=rt),
+                 needs_human=True)
+            for name, (node, cls) in finder.made.items()
+            if name in finder.loaded and name in finder.called_on_batches
+            and name not in finder.prepared and name not in finder.moved]
+
+
+class _FreshModels(cst.CSTVisitor):
+    def __init__(self, model_classes: set[str], rt: str) -> None:
+        self.model_classes, self.rt = model_classes, rt
+        self.made: dict[str, tuple[cst.CSTNode, str]] = {}
+        self.prepared: set[str] = set()  # names given to, or bound from, rt.prepare(...)
+        self.moved: set[str] = set()
+        self.loaded: set[str] = set()
+        self.called_on_batches: set[str] = set()
+        self.loops = 0  # depth of loops over a prepared loader
+        self.over: list[bool] = []
+
+    def _is_prepare(self, node: cst.BaseExpression) -> bool:
+        return isinstance(node, cst.Call) and dotted_name(node.func) == f"{self.rt}.prepare"
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        value = node.value
+        for target in node.targets:
+            names = [e.value for e in target.target.elements] \
+                if isinstance(target.target, (cst.Tuple, cst.List)) else [target.target]
+            for name in names:
+                if not isinstance(name, cst.Name):
+                    continue
+                if self._is_prepare(value):
+                    self.prepared.add(name.value)
+                elif isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and \
+                        value.func.value in self.model_classes and len(names) == 1:
+                    self.made[name.value] = (node, value.func.value)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        if self._is_prepare(node):
+            self.prepared.update(a.value.value for a in node.args
+                                 if isinstance(a.value, cst.Name))
+        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name):
+            if func.attr.value in ("to", "cuda", "to_empty"):
+                self.moved.add(func.value.value)
+            elif func.attr.value == "load_state_dict":
+                self.loaded.add(func.value.value)
+        if isinstance(func, cst.Name) and self.loops:
+            self.called_on_batches.add(func.value)
+
+    def _over_prepared(self, node: cst.BaseExpression) -> bool:
+        while isinstance(node, cst.Call) and (dotted_name(node.func) or "") in _LOOP_WRAPPERS \
+                and node.args:
+            node = node.args[0].value
+        return self._is_prepare(node) or isinstance(node, cst.Name) and \
+            node.value in self.prepared
+
+    def visit_For(self, node: cst.For) -> None:
+        self.over.append(self._over_prepared(node.iter))
+        self.loops += self.over[-1]
+
+    def leave_For(self, original_node: cst.For) -> None:
+        self.loops -= self.over.pop()
 
 
 def _last_name(node: cst.BaseExpression) -> str:

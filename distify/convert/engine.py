@@ -21,7 +21,12 @@ from distify.analysis.names import ImportMap
 from distify.analysis.positions import lines_of, start_line
 from distify.analysis.project import module_names
 from distify.convert.base import Edit
-from distify.convert.devices import CPU_MESSAGE, stays_on_cpu
+from distify.convert.devices import (
+    CPU_MESSAGE,
+    forward_factories,
+    fresh_models,
+    stays_on_cpu,
+)
 from distify.convert.transformer import DistifyTransformer
 from distify.errors import UserError
 from distify.rules import RuleSet, default_rules
@@ -127,9 +132,14 @@ def _rewrite(path: str, source: bytes, module: cst.Module, transformer: DistifyT
     updated = _add_import(updated, first_touched=transformer.first_touched, rt=rt,
                           runtime_module=runtime_module)
     edits = transformer.edits
-    if stays_on_cpu(module) and _prepares(transformer):
-        updated, line = _stay_on_cpu(updated, rt)
-        edits = [*edits, Edit(line, "device", CPU_MESSAGE.format(rt=rt))]
+    if _prepares(transformer):
+        if stays_on_cpu(module):
+            updated, line = _stay_on_cpu(updated, rt)
+            edits = [*edits, Edit(line, "device", CPU_MESSAGE.format(rt=rt))]
+        else:
+            classes = transformer.facts.model_classes
+            edits = [*edits, *forward_factories(updated, classes, transformer._qual, rt),
+                     *fresh_models(updated, classes, rt)]
     code, changes, notes = _located(updated, edits)
     return FileResult(path, source, code.encode(updated.encoding), "converted", changes, notes,
                       tuple(dict.fromkeys(transformer.batch_sizes)), runtime_name=rt,
