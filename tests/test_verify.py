@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -40,13 +41,17 @@ def test_a_correct_conversion_passes_and_nothing_is_written_beside_it(tmp_path):
     proc = _verify("train.py", *ARGS, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     checks = _checks(proc)
-    assert sorted(checks) == [1, 2, 3, 4, 5, 6]
+    assert sorted(checks) == [1, 2, 3, 4, 5, 6, 7]
     assert all(check["ok"] for check in checks.values()), checks
     assert "synthetic_cnn.pt" in checks[1]["evidence"]  # the saved file was compared
     assert "8 parameters bit-identical on 2 ranks" in checks[2]["evidence"]
     # the "Test set: Average loss, Accuracy n/251" line: the test loop stays whole (--steps 2)
     assert checks[5]["evidence"] == ("1 line(s) printed after 1 evaluation loop(s), 3 number(s) "
                                      "equal within rtol 0.0001"), checks[5]
+    # --steps 2: two optimizer steps in each run, one interval measured
+    assert re.fullmatch(r"median time between optimizer steps: \d+\.\d ms \(the original, 1 "
+                        r"process, \d+ threads?\), \d+\.\d ms \(rank 0 of the conversion, 2 "
+                        r"processes, \d+ threads? each\)", checks[7]["evidence"]), checks[7]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train.py"]
 
 

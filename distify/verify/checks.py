@@ -299,6 +299,26 @@ def _last_digit(token: str) -> float:
     return 10.0 ** (int(exponent or 0) - decimals)
 
 
+# ---------------------------------------------------------------- 7: throughput (information)
+
+
+def throughput(original: Run, job: Run) -> Check:
+    """For information (always passes): the median time between optimizer steps of the original
+    on 1 process and of rank 0 of the conversion on N processes."""
+    name = "throughput (information)"
+    times = [run.records.get(0, {}).get("step_seconds") for run in (original, job)]
+    if None in times:
+        return Check(7, name, True, "not measured: fewer than 2 optimizer steps in "
+                                    f"{(original, job)[times.index(None)].name}")
+    single, multiple = times
+    threads = [run.records[0].get("threads") for run in (original, job)]
+    shown = [f", {n} thread{'s' if n != 1 else ''}" if n else "" for n in threads]
+    return Check(7, name, True, f"median time between optimizer steps: {single * 1e3:.1f} ms "
+                                f"(the original, 1 process{shown[0]}), {multiple * 1e3:.1f} ms "
+                                f"(rank 0 of the conversion, {job.processes} processes"
+                                f"{shown[1]} each)")
+
+
 # ------------------------------------------------------------------------------- 6: no hang
 
 

@@ -119,7 +119,8 @@ def _verify(original: Path, converted: Path | None, args: Sequence[str], *, proc
     shown_name = converted.name if converted is not None else converted_name
     found = (checks.world_size_1(first, single), checks.replicas(job),
              checks.distinct_data(job, shown_name), checks.one_writer(job),
-             checks.eval_metrics(*frozen_pair), checks.no_hang(runs, timeout))
+             checks.eval_metrics(*frozen_pair), checks.no_hang(runs, timeout),
+             checks.throughput(first, job))
     return Outcome(str(original), shown, tuple(runs), found)
 
 

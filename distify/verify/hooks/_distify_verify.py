@@ -12,6 +12,8 @@ Started by ``sitecustomize`` (this folder). At exit the process writes ``rank<RA
 - ``writes``: every file opened for writing (the ``open`` audit event, and ``torch.save``'s
   writer, which opens its file unaudited) by code of the script's folder, with the line of the
   innermost such frame (writes of distify's runtime, which guards its own, are left out);
+- ``step_seconds``, ``threads``: the median time between consecutive optimizer steps and
+  torch's intra-op threads (check 7);
 - ``steps``: with ``DISTIFY_VERIFY_STEPS=K``, every training ``DataLoader`` iteration stops
   after K batches (per ``iter()``, so per epoch); evaluation iterations only with
   ``DISTIFY_VERIFY_EVAL_STEPS=E``, after E. An iteration is *evaluation* when, at its ``iter()``,
@@ -43,6 +45,7 @@ import os
 import shutil
 import sys
 import threading
+import time
 import traceback
 import weakref
 from typing import Any
@@ -59,6 +62,7 @@ _saved: dict[int, list] = {}  # optimizer id -> its parameters before the step (
 _models: Any = weakref.WeakSet()  # the models that ran a training forward
 _after_eval: list[list] = []  # [first line, end line or None] printed after an evaluation loop
 _evaluations = [0]
+_step_at: list[float] = []  # perf_counter() after each of the first optimizer steps
 _batch_norm: Any = None
 _pid = os.getpid()
 _installed = False
@@ -321,6 +325,8 @@ def _watch_torch_save(serialization: Any) -> None:
 
 def _after_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     _optimizers.setdefault(id(optimizer), optimizer)
+    if len(_step_at) < 10_000:
+        _step_at.append(time.perf_counter())
     if _frozen:
         _restore(optimizer)
 
@@ -426,6 +432,12 @@ def _trained() -> list[dict]:
 # ------------------------------------------------------------------------------ the record
 
 
+def _median_step() -> float | None:
+    """The median time between consecutive optimizer steps (None: fewer than 2 steps)."""
+    gaps = sorted(b - a for a, b in zip(_step_at, _step_at[1:]))
+    return gaps[len(gaps) // 2] if gaps else None
+
+
 def _write_record() -> None:
     mp = sys.modules.get("multiprocessing")
     if os.getpid() != _pid or (mp is not None and mp.parent_process() is not None):
@@ -436,6 +448,8 @@ def _write_record() -> None:
         "failed": hasattr(sys, "last_value"), "hooked": _torch is not None,
         "trained": [], "inputs": _inputs, "writes": _writes, "errors": _errors,
         "evaluations": _evaluations[0], "after_eval": _after_eval,
+        "step_seconds": _median_step(),
+        "threads": _torch.get_num_threads() if _torch is not None else None,
     }
     try:
         if _torch is not None:
