@@ -316,7 +316,10 @@ def throughput(original: Run, job: Run) -> Check:
     return Check(7, name, True, f"median time between optimizer steps: {single * 1e3:.1f} ms "
                                 f"(the original, 1 process{shown[0]}), {multiple * 1e3:.1f} ms "
                                 f"(rank 0 of the conversion, {job.processes} processes"
-                                f"{shown[1]} each)")
+                                f"{shown[1]} each)" + (
+                                    "; not like for like: the thread counts differ (torchrun "
+                                    "sets OMP_NUM_THREADS=1), and a loaded CPU slows the "
+                                    "multi-threaded run most" if len(set(threads)) > 1 else ""))
 
 
 # ------------------------------------------------------------------------------- 6: no hang
