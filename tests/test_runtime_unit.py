@@ -231,8 +231,11 @@ def test_sharded_loader_keeps_the_loader_settings(fresh):
     inner = prepared._loader
     assert inner is not original and inner.dataset is dataset
     for name in ("num_workers", "collate_fn", "worker_init_fn", "timeout", "prefetch_factor",
-                 "persistent_workers", "generator", "pin_memory"):
+                 "persistent_workers", "pin_memory"):
         assert getattr(inner, name) == getattr(original, name), name
+    # its own generator, for its workers' per-rank seeds (issue 20 item 5a); the order of the
+    # data is still the original sampler's, drawn from the original generator
+    assert inner.generator is not original.generator
     assert isinstance(inner.batch_sampler, _data._ShardSampler)
     assert len(prepared) == 50 // 8  # drop_last: what one process with batches of 8 runs
     assert prepared.batch_size == 4 and prepared.sampler is original.sampler
