@@ -133,7 +133,7 @@ def _rewrite(path: str, source: bytes, module: cst.Module, transformer: DistifyT
                           runtime_module=runtime_module)
     edits = transformer.edits
     if _prepares(transformer):
-        if stays_on_cpu(module):
+        if stays_on_cpu(module) and _runs_as_a_script(module):
             updated, line = _stay_on_cpu(updated, rt)
             edits = [*edits, Edit(line, "device", CPU_MESSAGE.format(rt=rt))]
         else:
@@ -220,6 +220,20 @@ def _add_import(updated: cst.Module, *, first_touched: int, rt: str,
 
 def _prepares(transformer: DistifyTransformer) -> bool:
     return any(edit.kind == "prepare-model" and not edit.needs_human for edit in transformer.edits)
+
+
+def _runs_as_a_script(module: cst.Module) -> bool:
+    """The file does work when run (a ``__main__`` block, a loop or a call at its top level),
+    not only definitions: a helper module that a GPU script imports must not put that script's
+    process on the CPU, however CPU-only the helper reads (its caller decides the device)."""
+    for statement in module.body:
+        if isinstance(statement, (cst.If, cst.For, cst.While, cst.With, cst.Try)):
+            return True
+        if isinstance(statement, cst.SimpleStatementLine) and any(
+                isinstance(small, cst.Expr) and isinstance(small.value, cst.Call)
+                for small in statement.body):
+            return True
+    return False
 
 
 def _stay_on_cpu(updated: cst.Module, rt: str) -> tuple[cst.Module, cst.SimpleStatementLine]:
