@@ -341,7 +341,11 @@ def test_one_process_prints_what_the_original_prints(runs, name: str) -> None:
 def test_skip_before_the_fix_hangs_until_the_timeout(runs) -> None:
     proc, elapsed = runs["skip_bad_batches", "before"]
     assert proc.returncode != 0, proc.stdout
-    assert elapsed >= BEFORE_TIMEOUT  # a process waited in the all-reduce for the others
+    # a process waited in the all-reduce for the others until the timeout; or, sooner, the
+    # ranks' unpaired backwards met another collective (the replica check's, issue 20 item 1)
+    # and Gloo or the runtime stopped the job: loud either way, never a finished job
+    assert elapsed >= BEFORE_TIMEOUT or any(
+        sign in proc.stderr for sign in ("mismatch", "DistifyError", "differ")), proc.stderr[-3000:]
     assert "RESULT" not in proc.stdout
 
 
