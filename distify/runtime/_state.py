@@ -210,7 +210,7 @@ def device_index() -> int | torch.device:
     ``0 if torch.cuda.is_available() else "cpu"``) holds it: the index of its GPU, an int
     (``0`` prints as ``0``, as the script's did, and ``.to(1)`` is that GPU), else the device
     itself (``cpu`` prints as ``cpu``)."""
-    current = settings().device
+    current = device()
     return current.index if current.type == "cuda" and current.index is not None else current
 
 
