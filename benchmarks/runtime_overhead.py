@@ -56,7 +56,10 @@ from _common import (
     write_results,
 )
 
-TARGET = 0.05
+# PRODUCT.md's anchor was 5%; issue 20 tightened it: with every safety net on (replica check,
+# write audit, same-data check) the converted step stays within 2% of hand-written DDP.
+TARGET = 0.02
+SAFETY_NETS = ("DISTIFY_REPLICA_CHECK", "DISTIFY_WRITE_CHECK", "DISTIFY_SAME_DATA", "DISTIFY_WATCHDOG")
 SCRIPTS = ROOT / "benchmarks" / "runtime"
 SINGLE = SCRIPTS / "train_single.py"
 CONVERTED = WORK / "runtime" / "train_distify.py"
@@ -107,6 +110,8 @@ def run_variant(variant: str, converted: Path, args) -> dict:
     env["PYTHONUNBUFFERED"] = "1"
     env.pop("DISTIFY_MIXED_PRECISION", None)
     env.pop("ACCELERATE_MIXED_PRECISION", None)
+    for switch in SAFETY_NETS:  # the runtime's defaults: every safety net on
+        env.pop(switch, None)
     if variant == "distify":
         env["DISTIFY_MIXED_PRECISION"] = args.mixed_precision  # what the launch config sets
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -210,7 +215,9 @@ def render(args, variants, runs, report, diff, converted_note, micro) -> str:
            "step time = wall time of the training loop after the warm-up steps / steps "
            "(forward, backward with the gradient all-reduce, optimizer and scheduler step, "
            "data loading, epoch boundaries), measured in rank 0",
-           f"- target: distify within {TARGET:.0%} of hand-written DDP",
+           f"- target: distify within {TARGET:.0%} of hand-written DDP, every safety net on "
+           "(the runtime's defaults: replica check, write audit on non-main ranks, same-data "
+           "check)",
            f"- distify variant: {converted_note}", ""]
     rows = []
     for v in variants:
