@@ -214,6 +214,12 @@ args = parser.parse_args()
     pytest.param('device = torch.device("cuda") if not args.no_cuda else torch.device("cpu")',
                  'device = distify.device() if distify.device_choice(not args.no_cuda) else '
                  'torch.device("cpu")', id="conditional-torch-devices"),
+    pytest.param('cpu = args.no_cuda\ndevice = torch.device("cpu" if cpu else "cuda")',
+                 'device = torch.device("cpu" if not distify.device_choice(not cpu) else '
+                 'distify.device().type)', id="flag-held-in-a-bare-name"),
+    pytest.param('use_gpu = not args.no_cuda\ndevice = "cuda" if use_gpu else "cpu"',
+                 'device = distify.device().type if distify.device_choice(use_gpu) else "cpu"',
+                 id="negated-flag-held-in-a-bare-name"),
     pytest.param("use_cuda = torch.cuda.is_available()", None, id="no-flag-noop"),
     pytest.param("use_wandb = args.accel and wandb.is_available()", None, id="not-torch-noop"),
 ])
@@ -222,7 +228,11 @@ def test_a_flag_that_chooses_the_device_still_chooses_it(line: str, expected: st
     result = convert_source(source.encode(), "train.py")
     if expected is None:
         assert line in result.output.decode() and b"device_choice" not in result.output
-    else:
+    elif "\n" in line:  # the flag's own assignment stays as it was
+        assert line.split("\n")[0] in result.output.decode()
+        assert expected in result.output.decode()
+        assert result.output.count(b"device_choice") == 1
+    if expected is not None:
         assert expected in result.output.decode()
         assert any("a flag chooses the device" in c.message for c in result.changes)
 

@@ -356,6 +356,7 @@ class DeviceMixin(TransformerBase):
         ``gpu_id = rt.device()`` (a setting read by ``.to(...)`` elsewhere)."""
         if len(updated.targets) != 1:
             return updated
+        self._remember_flag(updated.targets[0].target, updated.value)
         choice = self._device_choice(updated.value)
         if choice is not None:
             return updated.with_changes(value=choice)
@@ -378,6 +379,19 @@ class DeviceMixin(TransformerBase):
                    "CPU, as the script did")
         return new
 
+    def _remember_flag(self, target: cst.BaseAssignTargetExpression,
+                       value: cst.BaseExpression) -> None:
+        """``cpu = args.cpu``, ``use_gpu = not opt.no_cuda``: a bare name that holds a setting
+        read in place (no availability check: that assignment goes through ``device_choice``
+        itself), so ``"cpu" if cpu else "cuda"`` is a flag's choice too."""
+        if isinstance(target, cst.Name) and all(_is_flag(o) for o in _operands(value)):
+            self.__dict__.setdefault("_flag_names", set()).add(target.value)
+
+    def _holds_flag(self, node: cst.BaseExpression) -> bool:
+        while isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not):
+            node = node.expression
+        return isinstance(node, cst.Name) and node.value in self.__dict__.get("_flag_names", ())
+
     def _flag_still_chooses(self, updated: cst.IfExp) -> cst.IfExp:
         """``"cpu" if args.cpu else "cuda"``: the test is a flag (not only a torch availability
         check), so it must still choose the CPU after conversion. The test goes through
@@ -387,7 +401,7 @@ class DeviceMixin(TransformerBase):
         ``"cuda" if torch.cuda.is_available() else "cpu"`` is returned as it is, and so is a
         choice between the CPU and a GPU index."""
         test = updated.test
-        if not any(_is_flag(o) for o in _operands(test)):
+        if not any(_is_flag(o) or self._holds_flag(o) for o in _operands(test)):
             return updated
         cpu_first = _is_cpu(updated.body)
         other = updated.orelse if cpu_first else updated.body
