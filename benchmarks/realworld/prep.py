@@ -10,8 +10,7 @@ import os
 import random
 import sys
 
-WORDS = ("the model trains on every rank and the loss goes down while each process reads "
-         "its own shard of the data set <unk> of a in to is").split()
+WORDS = ["the", "model", "trains", "on", "every", "rank", "and", "the", "loss", "goes", "down", "while", "each", "process", "reads", "its", "own", "shard", "of", "the", "data", "set", "<unk>", "of", "a", "in", "to", "is"]
 
 
 def text(folder: str, *names: str) -> None:
