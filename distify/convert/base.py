@@ -86,6 +86,8 @@ class _Loop:
     #: what the ``if`` of a step test steps (``optimizer`` of ``optimizer.step()``)
     step_receivers: list[str] = field(default_factory=list)
     targets: set[str] = field(default_factory=set)
+    #: sums the accumulation rewrite averages itself where they are read (``loss_accum``)
+    own_reduce: set[str] = field(default_factory=set)
 
 
 class NodeSet:

@@ -106,7 +106,7 @@ class LoopMixin(TransformerBase):
                            f"gather them with `{name} = {self.rt}.gather_for_metrics(...)` "
                            "before computing a metric", human=True)
         names = [n for n in loop.accumulators if n not in loop.resets
-                 and (evaluating or self._data_dependent(loop, n))]
+                 and n not in loop.own_reduce and (evaluating or self._data_dependent(loop, n))]
         reduces = []
         if loop.meters:
             line = cst.SimpleStatementLine(body=[cst.Expr(self._rt_call(

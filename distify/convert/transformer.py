@@ -37,6 +37,7 @@ import libcst as cst
 
 from distify.analysis.evaluation import switches_to_eval
 from distify.analysis.names import dotted_name
+from distify.convert.accumulation import AccumulationMixin
 from distify.convert.base import Edit, TransformerBase
 from distify.convert.batch_shapes import BatchShapeMixin
 from distify.convert.bptt import StreamShardMixin
@@ -53,8 +54,8 @@ from distify.convert.stops import StopMixin
 __all__ = ["DistifyTransformer", "Edit"]
 
 
-class DistifyTransformer(BatchShapeMixin, ModelMixin, PrepareMixin, DeviceMixin, StopMixin,
-                         FullBatchMixin, LoopMixin, SideEffectMixin, RandomnessMixin,
+class DistifyTransformer(AccumulationMixin, BatchShapeMixin, ModelMixin, PrepareMixin, DeviceMixin,
+                         StopMixin, FullBatchMixin, LoopMixin, SideEffectMixin, RandomnessMixin,
                          EnvironmentMixin, StreamShardMixin, TransformerBase):
     """Rewrites one module in one pass. Each mixin owns one family of rewrites; this class
     dispatches calls and statements to them."""
@@ -169,6 +170,7 @@ class DistifyTransformer(BatchShapeMixin, ModelMixin, PrepareMixin, DeviceMixin,
 
     def leave_If(self, original: cst.If, updated: cst.If):
         """An ``if`` whose whole body was device pinning goes away with it."""
+        updated = self._reduce_where_read(original, updated)  # see .accumulation
         self._branch_left()
         for loop in self._loops:  # re-anchor a recorded step test on the output node
             loop.step_tests = [updated.test if test is original.test else test

@@ -11,6 +11,7 @@ except ImportError as _err:
     raise ImportError("distify's runtime needs PyTorch, which is not installed: "
                       "pip install torch (or pip install \"distify[torch]\")") from _err
 
+from ._accumulation import split_accumulation
 from ._checkpoint import load_state, save_state
 from ._collectives import (
     broadcast_object,
@@ -54,5 +55,5 @@ __all__ = [
     "open", "prepare", "print", "rank", "reduce", "reduce_meters", "save", "set_seed",
     "shared_generator", "sync_gradients", "unwrap", "wait_for_everyone", "world_size",
     "data_generator", "numpy_random", "python_random", "save_state", "load_state", "shard_stream",
-    "any_process", "all_processes", "device_choice", "device_index",
+    "any_process", "all_processes", "device_choice", "device_index", "split_accumulation",
 ]

@@ -1,0 +1,480 @@
+"""Gradient accumulation written as nested micro-steps, the way GPT trainers write it.
+
+nanoGPT-style scripts step the optimizer once per outer iteration, after an inner loop of
+micro-steps that each divide the loss by the count and call backward::
+
+    for micro_step in range(grad_accum_steps):
+        x, y = next(train_iter)
+        loss = model(x, y) / grad_accum_steps
+        loss_accum += loss.detach()
+        loss.backward()
+    optimizer.step()
+
+Such a loop (``range(count)`` whose body calls backward, divides by ``count`` and steps no
+optimizer, directly inside a loop that does) is rewritten so that:
+
+- gradients are averaged across processes on the last micro-step only:
+  ``rt.sync_gradients(micro_step == grad_accum_steps - 1)`` opens the micro-step's body;
+- a count derived from a declared total batch (``total_batch_size // (B * T)``, or a number
+  whose comment speaks of a total, larger, effective or global batch, nanoGPT's
+  ``gradient_accumulation_steps = 5 * 8  # used to simulate larger batch sizes``) is shared
+  out over the processes right after it is set
+  (``grad_accum_steps = rt.split_accumulation(grad_accum_steps)``, which stops with an error
+  when the world size does not divide it): an optimizer step still covers the declared total,
+  as people do by hand (``grad_accum_steps //= ddp_world_size``). Any other count is the
+  user's choice and is kept on every process; the report line says that an optimizer step
+  then covers N× the single-process batch;
+- a per-step sum of the micro-steps' losses (``loss_accum = 0.0`` in the outer loop,
+  ``loss_accum += loss.detach()`` in the micro-steps) becomes the mean over the processes,
+  ``loss_accum = rt.reduce(loss_accum, op="mean")``, where it is read: at the top of the one
+  ``if`` that reads it (``if step % log_interval == 0:``) when its test is the same on every
+  process, otherwise right after the micro-steps. The loops' generic sum is not added;
+- a throughput counter, an assignment to a name about tokens or samples whose value is a
+  product with the count (``tokens_processed = B * T * grad_accum_steps``), is multiplied by
+  ``rt.world_size()``: it counts every process's tokens (the same number at world size 1).
+
+What it deliberately does not do: follow micro-steps in a function the outer loop calls, a
+count set more than once, or a loss logged from the last micro-step alone (``lossf =
+loss.item() * grad_accum_steps``): that one is noted as this process's last micro-batch.
+Two optimizers stepped on different schedules are no micro-steps (each steps in its loop).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from distify.analysis.names import dotted_name
+from distify.convert.base import TransformerBase
+from distify.convert.syntax import _code, _names_in, _strip_parens
+
+#: a comment on the count's line that says it stands for a batch size of the whole step
+_DECLARED_TOTAL = re.compile(r"total|simulat|effective|global batch|larger batch", re.I)
+#: names of throughput counters (``tokens_processed``, ``tokens_per_iter``, ``samples_seen``)
+_THROUGHPUT = re.compile(r"token|sample|example|seq|image", re.I)
+
+
+@dataclass
+class _MicroSteps:
+    """One micro-step loop found before the rewrite, with what goes with it."""
+
+    count: str  # the code of ``range``'s argument: ``grad_accum_steps``, ``args.accum``
+    target: str  # ``micro_step``
+    #: per-step sums of the loss (``loss_accum``) → the ``if`` to reduce them at (or None:
+    #: right after the micro-steps)
+    sums: dict[str, cst.If | None] = field(default_factory=dict)
+    #: names read after the micro-steps as one micro-batch's loss (``lossf = loss.item() * n``)
+    last_loss: list[cst.SimpleStatementLine] = field(default_factory=list)
+
+
+@dataclass
+class _Count:
+    """Where a micro-step count is set, and whether it is shared out over the processes."""
+
+    line: cst.SimpleStatementLine
+    split: bool
+
+
+class AccumulationMixin(TransformerBase):
+    def visit_Module(self, node: cst.Module) -> None:
+        super().visit_Module(node)
+        finder = _MicroStepFinder()
+        node.visit(finder)
+        self._micro_steps: dict[int, _MicroSteps] = {id(loop): found
+                                                     for loop, found in finder.loops}
+        self._micro_depth = 0  # micro-step loops being rewritten
+        self._reduce_at: dict[int, list[str]] = {}
+        for found in self._micro_steps.values():
+            for name, where in found.sums.items():
+                if where is not None:
+                    self._reduce_at.setdefault(id(where), []).append(name)
+        self._counts = _count_lines(node, {f.count for f in self._micro_steps.values()})
+        self._count_of_line = {id(c.line): (name, c) for name, c in self._counts.items()}
+        self._last_loss_lines = {id(line) for found in self._micro_steps.values()
+                                 for line in found.last_loss}
+
+    # ---------------------------------------------------------------- the micro-step loop
+    def visit_For(self, node: cst.For) -> None:
+        super().visit_For(node)
+        found = self._micro_steps.get(id(node))
+        if found is not None:
+            self._micro_depth += 1
+            if self._loops:
+                self._loops[-1].own_reduce.update(found.sums)
+
+    def leave_For(self, original: cst.For, updated: cst.For):
+        found = self._micro_steps.get(id(original))
+        result = super().leave_For(original, updated)
+        if found is None:
+            return result
+        self._micro_depth -= 1
+        if not isinstance(result, cst.For):
+            return result
+        result = self._sync_last_micro_step(result, found)
+        after = [self._mean_line(name, found) for name, where in found.sums.items()
+                 if where is None]
+        if after:
+            self._collective_placed()
+            return cst.FlattenSentinel([result, *after])
+        return result
+
+    def _sync_last_micro_step(self, loop: cst.For, found: _MicroSteps) -> cst.For:
+        sync = cst.SimpleStatementLine([cst.Expr(cst.parse_expression(
+            f"{self.rt}.sync_gradients({found.target} == {found.count} - 1)"))])
+        count = self._counts.get(found.count)
+        if count is not None and count.split:
+            batch = (f"`{found.count}` is shared out over the processes where it is set, so an "
+                     "optimizer step covers the single-process batch")
+        else:
+            batch = (f"`{found.count}` is the script's own count, kept on every process: on N "
+                     f"processes an optimizer step covers N × `{found.count}` micro-batches, N× "
+                     f"the single-process batch (divide it by `{self.rt}.world_size()` to keep "
+                     "that batch)")
+        self._edit(sync, "accumulation", "gradient accumulation over micro-steps: gradients are "
+                   "averaged across processes on the last micro-step only (no communication on "
+                   f"the others); {batch}")
+        body = loop.body
+        return loop.with_changes(body=body.with_changes(body=[sync, *body.body]))
+
+    def _mean_line(self, name: str, found: _MicroSteps) -> cst.SimpleStatementLine:
+        line = cst.SimpleStatementLine([cst.Assign(
+            targets=[cst.AssignTarget(cst.Name(name))],
+            value=cst.parse_expression(f'{self.rt}.reduce({name}, op="mean")'))])
+        self._edit(line, "reduce", f"`{name}` averaged over the processes before it is read: "
+                   "each process sums its own micro-steps' losses (each divided by "
+                   f"`{found.count}`), so the mean is the step's loss over every process's "
+                   "micro-batches, not this process's share")
+        return line
+
+    def _reduce_where_read(self, original: cst.If, updated: cst.If) -> cst.If:
+        """Called by the transformer's ``leave_If``: the sums read only in this ``if`` are
+        averaged at its top."""
+        names = self._reduce_at.get(id(original))
+        if not names or not isinstance(updated.body, cst.IndentedBlock):
+            return updated
+        found = next(f for f in self._micro_steps.values() if names[0] in f.sums)
+        lines = [self._mean_line(name, found) for name in names]
+        self._collective_placed()
+        body = updated.body
+        return updated.with_changes(body=body.with_changes(body=[*lines, *body.body]))
+
+    # ---------------------------------------------------------------- the count and counters
+    def leave_Assign(self, original: cst.Assign, updated: cst.Assign):
+        updated = super().leave_Assign(original, updated)
+        if not isinstance(updated, cst.Assign) or not self._statements:
+            return updated
+        line = self._statements[-1]
+        known = self._count_of_line.get(id(line))
+        if known is not None and known[1].split:
+            self._split_count(known[0], updated)
+        if id(line) in self._last_loss_lines:
+            self._note_last_loss(updated)
+        return self._count_all_processes(updated)
+
+    def _note_last_loss(self, assign: cst.Assign) -> None:
+        names = ", ".join(f"`{_code(t.target)}`" for t in assign.targets)
+        self._edit(assign, "accumulation", f"{names}: the last micro-batch's loss of this "
+                   "process (on the console, the main process's), as the single process logs "
+                   "one micro-batch's; accumulate `loss.detach()` over the micro-steps and "
+                   f"`{self.rt}.reduce(..., op=\"mean\")` it to log the step's loss")
+
+    def _split_count(self, count: str, assign: cst.Assign) -> None:
+        share = cst.SimpleStatementLine([cst.Assign(
+            targets=[cst.AssignTarget(cst.parse_expression(count))],
+            value=cst.parse_expression(f"{self.rt}.split_accumulation({count})"))])
+        comment = self._counts[count].line.trailing_whitespace.comment
+        why = (f"is derived from a declared total batch (`{_short(_code(assign.value))}`)"
+               if _has_floor_division(assign.value) else
+               f"stands for a total batch (its comment: `{_short(comment.value.lstrip('# '))}`)")
+        self._edit(share, "accumulation", f"`{count}` {why}: each of N processes runs 1/N of "
+                   "its micro-steps, so an optimizer step still covers that total; the job stops "
+                   "with an error when N does not divide it")
+        self._after.append(share)
+
+    def _count_all_processes(self, assign: cst.Assign) -> cst.Assign:
+        """``tokens_processed = B * T * grad_accum_steps`` → ``... * rt.world_size()``."""
+        if len(assign.targets) != 1 or not isinstance(assign.targets[0].target, cst.Name):
+            return assign
+        name = assign.targets[0].target.value
+        if not _THROUGHPUT.search(name) or not self._micro_steps:
+            return assign
+        counts = {f.count for f in self._micro_steps.values()}
+        if not (set(_factors(assign.value)) & counts) or self._micro_depth:
+            return assign
+        value = cst.BinaryOperation(left=assign.value, operator=cst.Multiply(),
+                                    right=self._rt_call("world_size"))
+        new = assign.with_changes(value=value)
+        self._edit(new, "accumulation", f"`{name}` counts every process's share of the step "
+                   f"(× `{self.rt}.world_size()`; the same number at world size 1)")
+        return new
+
+
+def _short(code: str, width: int = 40) -> str:
+    text = " ".join(code.split())
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def _factors(node: cst.BaseExpression) -> list[str]:
+    """The factors of a product, as code: ``B * T * n`` → ``["B", "T", "n"]``; [] for anything
+    that is not a product at its top (``a * b + c``: multiplying it would change its sense)."""
+    node = _strip_parens(node)
+    if not (isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply)):
+        return []
+    found: list[str] = []
+    for side in (node.left, node.right):
+        side = _strip_parens(side)
+        inner = _factors(side)
+        found.extend(inner or [_code(side)])
+    return found
+
+
+# ---------------------------------------------------------------- the analysis before the rewrite
+class _MicroStepFinder(cst.CSTVisitor):
+    """Finds micro-step loops, each directly in the body of a loop that steps an optimizer."""
+
+    def __init__(self) -> None:
+        self.loops: list[tuple[cst.For, _MicroSteps]] = []
+        self._module: cst.Module | None = None
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self._module = node
+
+    def visit_For(self, node: cst.For) -> None:
+        self._look(node)
+
+    def visit_While(self, node: cst.While) -> None:
+        self._look(node)
+
+    def _look(self, outer: cst.For | cst.While) -> None:
+        if not isinstance(outer.body, cst.IndentedBlock):
+            return
+        body = list(outer.body.body)
+        for index, stmt in enumerate(body):
+            found = _micro_steps(stmt, outer)
+            if found is None:
+                continue
+            found.sums = _loss_sums(stmt, body[:index], body[index + 1:], outer, self._module)
+            found.last_loss = _last_loss_lines(stmt, body[index + 1:], found.count)
+            self.loops.append((stmt, found))
+
+
+def _micro_steps(stmt: cst.BaseStatement, outer: cst.For | cst.While) -> _MicroSteps | None:
+    """``for micro_step in range(count):`` whose body calls backward, divides by ``count`` and
+    steps nothing, in a loop body that steps an optimizer after it."""
+    if not (isinstance(stmt, cst.For) and isinstance(stmt.target, cst.Name)
+            and isinstance(stmt.iter, cst.Call) and dotted_name(stmt.iter.func) == "range"
+            and len(stmt.iter.args) == 1 and stmt.orelse is None):
+        return None
+    count = stmt.iter.args[0].value
+    if dotted_name(count) is None:
+        return None
+    calls = _MethodCalls()
+    stmt.body.visit(calls)
+    if "backward" not in calls.methods or "step" in calls.methods:
+        return None
+    code = _code(count)
+    if not _divides_by(stmt.body, code):
+        return None
+    outer_calls = _MethodCalls()
+    outer.body.visit(outer_calls)
+    if "step" not in outer_calls.methods:
+        return None
+    return _MicroSteps(count=code, target=stmt.target.value)
+
+
+class _MethodCalls(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.methods: set[str] = set()
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if isinstance(node.func, cst.Attribute):
+            self.methods.add(node.func.attr.value)
+
+
+def _divides_by(body: cst.CSTNode, count: str) -> bool:
+    """Does ``body`` divide something by ``count`` (``loss / count``, ``loss /= count``)?"""
+    finder = _Divisions()
+    body.visit(finder)
+    return count in finder.divisors
+
+
+class _Divisions(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.divisors: set[str] = set()
+
+    def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
+        if isinstance(node.operator, cst.Divide):
+            self.divisors.add(_code(_strip_parens(node.right)))
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        if isinstance(node.operator, cst.DivideAssign):
+            self.divisors.add(_code(_strip_parens(node.value)))
+
+
+def _loss_sums(loop: cst.For, before: list, after: list, outer: cst.For | cst.While,
+               module: cst.Module | None) -> dict[str, cst.If | None]:
+    """``loss_accum`` of ``loss_accum = 0.0`` before the micro-steps and ``loss_accum +=
+    loss.detach()`` in them → the ``if`` after them where it is read, or None."""
+    zeroed = {name for stmt in before for name in _zeroed(stmt)}
+    sums: dict[str, cst.If | None] = {}
+    adds = _AddsTo()
+    loop.body.visit(adds)
+    losses = _backward_receivers(loop.body)
+    for name, values in adds.added.items():
+        if name not in zeroed or not any(_names_in(v) & losses for v in values):
+            continue
+        sums[name] = _read_in_one_if(name, loop, after, outer, module)
+    return sums
+
+
+def _zeroed(stmt: cst.BaseStatement) -> list[str]:
+    if not isinstance(stmt, cst.SimpleStatementLine):
+        return []
+    names = []
+    for small in stmt.body:
+        if isinstance(small, cst.Assign) and isinstance(small.value, (cst.Integer, cst.Float)) \
+                and small.value.evaluated_value == 0:
+            names.extend(t.target.value for t in small.targets
+                         if isinstance(t.target, cst.Name))
+    return names
+
+
+class _AddsTo(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.added: dict[str, list[cst.BaseExpression]] = {}
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        if isinstance(node.operator, cst.AddAssign) and isinstance(node.target, cst.Name):
+            self.added.setdefault(node.target.value, []).append(node.value)
+
+
+def _backward_receivers(body: cst.CSTNode) -> set[str]:
+    """``loss`` of ``loss.backward()`` (and of ``scaler.scale(loss).backward()``)."""
+    found: set[str] = set()
+
+    class _Visitor(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            if isinstance(node.func, cst.Attribute) and node.func.attr.value == "backward":
+                found.update(_names_in(node.func.value))
+
+    body.visit(_Visitor())
+    return found
+
+
+def _read_in_one_if(name: str, loop: cst.For, after: list, outer: cst.For | cst.While,
+                    module: cst.Module | None) -> cst.If | None:
+    """The one ``if`` directly after the micro-steps whose body holds every read of ``name``
+    outside them, when its test is the same on every process; None otherwise."""
+    total = _count_name(module, name) if module is not None else 0
+    own = _count_name(loop.body, name) + 1  # its `+=` in the micro-steps, its zeroing above
+    reading = [stmt for stmt in after if _count_name(stmt, name)]
+    if len(reading) != 1 or not isinstance(reading[0], cst.If):
+        return None
+    test_if = reading[0]
+    if _count_name(test_if.body, name) != total - own or _count_name(test_if.test, name):
+        return None
+    changing = _assigned_in(outer.body)
+    if _names_in(test_if.test) & changing:
+        return None  # a test computed in the step may differ between processes
+    return test_if
+
+
+def _count_name(node: cst.CSTNode, name: str) -> int:
+    class _Counter(cst.CSTVisitor):
+        count = 0
+
+        def visit_Name(self, inner: cst.Name) -> None:
+            if inner.value == name:
+                _Counter.count += 1
+
+    counter = _Counter()
+    node.visit(counter)
+    return _Counter.count
+
+
+def _assigned_in(body: cst.CSTNode) -> set[str]:
+    """Names the loop body assigns, except counters stepped by a number (``iter_num += 1``)."""
+    found: set[str] = set()
+
+    class _Visitor(cst.CSTVisitor):
+        def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+            found.update(_names_in(node.target))
+
+        def visit_AugAssign(self, node: cst.AugAssign) -> None:
+            if not isinstance(node.value, (cst.Integer, cst.Float)):
+                found.update(_names_in(node.target))
+
+        def visit_For(self, node: cst.For) -> None:
+            found.update(_names_in(node.target))
+
+    body.visit(_Visitor())
+    return found
+
+
+def _last_loss_lines(loop: cst.For, after: list, count: str) -> list[cst.SimpleStatementLine]:
+    """Lines after the micro-steps that scale the last micro-step's loss back up
+    (``lossf = loss.item() * gradient_accumulation_steps``): one micro-batch's loss."""
+    losses = _backward_receivers(loop.body)
+    lines: list[cst.SimpleStatementLine] = []
+
+    class _Visitor(cst.CSTVisitor):
+        def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+            for small in node.body:
+                if isinstance(small, cst.Assign) and count in _factors(small.value) \
+                        and _names_in(small.value) & losses:
+                    lines.append(node)
+                    return
+
+    for stmt in after:
+        stmt.visit(_Visitor())
+    return lines
+
+
+def _count_lines(module: cst.Module, counts: set[str]) -> dict[str, _Count]:
+    """Each count name set exactly once in the file (a plain name), with whether it stands for
+    a declared total batch: a floor division (``total_batch_size // (B * T)``), or a number
+    whose comment says so."""
+    lines: dict[str, list[cst.SimpleStatementLine]] = {}
+    changed: set[str] = set()
+
+    class _Visitor(cst.CSTVisitor):
+        def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+            for small in node.body:
+                if isinstance(small, cst.Assign):
+                    for target in small.targets:
+                        for name in _names_in(target.target) & counts:
+                            lines.setdefault(name, []).append(node)
+                elif isinstance(small, (cst.AugAssign, cst.AnnAssign)):
+                    changed.update(_names_in(small.target) & counts)
+
+    module.visit(_Visitor())
+    found: dict[str, _Count] = {}
+    for name, where in lines.items():
+        if len(where) != 1 or name in changed or len(where[0].body) != 1:
+            continue
+        assign = where[0].body[0]
+        if not (isinstance(assign, cst.Assign) and len(assign.targets) == 1
+                and isinstance(assign.targets[0].target, cst.Name)):
+            continue
+        comment = where[0].trailing_whitespace.comment
+        split = _has_floor_division(assign.value) or (
+            _is_number(assign.value) and comment is not None
+            and bool(_DECLARED_TOTAL.search(comment.value)))
+        found[name] = _Count(line=where[0], split=split)
+    return found
+
+
+def _has_floor_division(node: cst.BaseExpression) -> bool:
+    node = _strip_parens(node)
+    return isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.FloorDivide)
+
+
+def _is_number(node: cst.BaseExpression) -> bool:
+    """``40``, ``5 * 8``: an integer written as literals."""
+    node = _strip_parens(node)
+    if isinstance(node, cst.Integer):
+        return True
+    return (isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply)
+            and _is_number(node.left) and _is_number(node.right))
