@@ -116,21 +116,37 @@ def test_usage_errors_exit_2(tmp_path, args, message):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train.py"]
 
 
-def test_a_hang_is_stopped_and_the_run_named_and_a_changed_print_fails_check_1(tmp_path):
-    # no torch in the script: the runs start fast; rank 1 of the 2-process run never ends, and
-    # the conversion prints another number at world size 1
+def test_a_hang_is_stopped_showing_where_each_rank_waited_and_a_changed_print_fails_check_1(
+        tmp_path):
+    # at world size 1 no torch is imported (the runs start fast) and the conversion prints
+    # another number; on 2 processes rank 1 never reaches the all-reduce rank 0 waits in
     (tmp_path / "job.py").write_text("print('done', 0.5)\n")
-    (tmp_path / "job_dist.py").write_text(
-        "import os\nimport time\n\nif os.environ.get('RANK') == '1':\n    time.sleep(3600)\n"
-        "if os.environ.get('RANK', '0') == '0':\n    print('done', 0.25)\n")
-    proc = _verify("job.py", "job_dist.py", "--cpu", "--timeout", "15", "--json", cwd=tmp_path)
+    (tmp_path / "job_dist.py").write_text(textwrap.dedent("""\
+        import os
+        import time
+
+        if os.environ.get("RANK") is not None:
+            import torch
+            import torch.distributed as dist
+            dist.init_process_group("gloo")
+            if dist.get_rank() == 1:
+                time.sleep(3600)
+            dist.all_reduce(torch.ones(1))
+        if os.environ.get("RANK", "0") == "0":
+            print("done", 0.25)
+    """))
+    proc = _verify("job.py", "job_dist.py", "--cpu", "--timeout", "60", "--json", cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     output = json.loads(proc.stdout)
     assert [run["timed_out"] for run in output["runs"]] == [False, False, True]
     checks = _checks(proc)
     assert not checks[6]["ok"]
-    assert checks[6]["evidence"] == ("the conversion on 2 processes was still running after "
-                                     "15 s and was stopped")
+    evidence = checks[6]["evidence"]
+    assert evidence.startswith("the conversion on 2 processes was still running after 60 s "
+                               "and was stopped; rank 0 at job_dist.py:10, waiting in "), evidence
+    # the collective rank 0 waited in, in torch, and the line rank 1 was at
+    assert re.search(r"rank 0 at job_dist.py:10, waiting in \w+ \(torch/distributed/\S+\.py:"
+                     r"\d+\); rank 1 at job_dist.py:9$", evidence), evidence
     assert checks[2]["evidence"] == "not checked: the conversion on 2 processes timed out"
     assert checks[5]["evidence"] == checks[2]["evidence"]  # no frozen pair after a hang
     assert checks[1]["evidence"] == ("stdout line 1 differs: 'done 0.5' (original) vs "
@@ -181,7 +197,8 @@ def test_a_model_left_unprepared_with_the_refusal_turned_off_fails_check_2(tmp_p
     source = (tmp_path / "train_dist.py").read_text()
     prepare = "    model, optimizer = distify.prepare(model, optimizer)\n"
     assert prepare in source
-    (tmp_path / "train_dist.py").write_text(source.replace(prepare, ""))
+    source = source.replace(prepare, "")
+    (tmp_path / "train_dist.py").write_text(source)
     env = {**clean_env(), "DISTIFY_ALLOW_UNSYNCED": "1"}  # distify/runtime/_guard.py's refusal
     proc = subprocess.run([sys.executable, "-m", "distify", "verify", "train.py",
                            "train_dist.py", *ARGS], cwd=tmp_path, env=env, capture_output=True,
@@ -189,8 +206,12 @@ def test_a_model_left_unprepared_with_the_refusal_turned_off_fails_check_2(tmp_p
     assert proc.returncode == 1, proc.stdout + proc.stderr
     checks = _checks(proc)
     assert not checks[2]["ok"], checks
-    assert checks[2]["evidence"].startswith("rank 1 differs from rank 0 at the end: first Net."), \
-        checks[2]
+    # the first epoch end where the replicas differ, the loop's line and the first parameter
+    loop = 1 + source.splitlines().index(
+        "    for batch_idx, (data, target) in enumerate(train_loader):")
+    assert checks[2]["evidence"].startswith(
+        "rank 1 differs from rank 0 at the end of training epoch 1 (the loop over the "
+        f"DataLoader at train_dist.py:{loop}): first Net."), checks[2]
     assert checks[1]["ok"] and checks[3]["ok"] and checks[6]["ok"], checks
 
 
@@ -246,3 +267,27 @@ def test_the_hooks_cap_training_loops_keep_evaluation_whole_and_freeze_weights(t
     # stdout lines from index 0: "evaluated 4" (1) was printed after the first evaluation
     # loop, up to the second's start; "unchanged ..." (2) after the second, to the end
     assert record["after_eval"] == [[1, 2], [2, None]], record
+
+
+def test_a_notebooks_lines_are_named_by_cell():
+    """verify's evidence names a line of a notebook's conversion as its cell and line there
+    (the conversion keeps the cell markers); other lines and names are left as they are."""
+    from distify.notebook import parse_notebook, to_script
+    from distify.verify.checks import Check
+    from distify.verify.session import _in_cells
+
+    cells = [{"cell_type": "code", "metadata": {}, "source": ["import torch\n"], "outputs": [],
+              "execution_count": None},
+             {"cell_type": "markdown", "metadata": {}, "source": ["# Train"]},
+             {"cell_type": "code", "metadata": {}, "source": ["x = 1\n", "open('o.txt', 'w')\n"],
+              "outputs": [], "execution_count": None}]
+    raw = json.dumps({"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": cells})
+    text = to_script(parse_notebook(raw.encode(), "nb.ipynb")).text
+    line = 1 + text.splitlines().index("open('o.txt', 'w')")
+    check = Check(4, "only the main process printed and wrote files", False,
+                  f"rank 1 wrote o.txt (nb_dist.py:{line}); train.py:{line} is not it")
+    mapped = _in_cells(check, "nb_dist.py", text, "nb.ipynb", converted_here=True)
+    assert mapped.evidence == ("rank 1 wrote o.txt (nb.ipynb cell 3, line 2 of its "
+                               f"conversion); train.py:{line} is not it")
+    given = _in_cells(check, "nb_dist.py", text, "nb_dist.ipynb", converted_here=False)
+    assert given.evidence.startswith("rank 1 wrote o.txt (nb_dist.ipynb cell 3, line 2);")

@@ -43,7 +43,8 @@ Examples:
 @click.option("--cpu", is_flag=True, help="Run on CPUs (Gloo) even where GPUs are present.")
 @click.option("--steps", type=click.IntRange(1),
               help="Stop every training DataLoader loop after K batches per epoch, in every run "
-                   "alike; evaluation loops stay whole. Default: whole loops.")
+                   "alike, and a training loop without a DataLoader after K optimizer steps "
+                   "(the run ends there); evaluation loops stay whole. Default: whole loops.")
 @click.option("--eval-steps", "--eval_steps", "eval_steps", type=click.IntRange(1),
               help="Stop every evaluation DataLoader loop (started under no_grad, or with every "
                    "trained model in eval mode) after E batches. Default: whole loops.")
@@ -60,12 +61,13 @@ def verify(original: Path, converted: Path | None, processes: int, cpu: bool, st
     runs it; then ORIGINAL on 1 process and the conversion on N with frozen weights (optimizer
     steps undone, BatchNorm statistics kept). Script arguments go after `--`, the same for every
     run. Checks: (1) world size 1 unchanged: stdout, files written (tensor values of torch
-    files), final parameters; (2) replicas identical at the end; (3) distinct data per rank (the
-    first training inputs); (4) only the main process printed and wrote files; (5) the lines
-    printed after each evaluation loop match with frozen weights (numbers within rtol 1e-4);
+    files), final parameters; (2) replicas identical at every training epoch end and at the
+    end; (3) distinct data per rank (the first training inputs); (4) only the main process
+    printed and wrote files; (5) the lines printed after each evaluation loop match with frozen
+    weights (numbers within rtol 1e-4; the frozen pair runs only when the original evaluated);
     (6) no hang; (7) for information, the median time between optimizer steps on 1 and N
-    processes. Exit 0 when every check
-    passes, 1 when one fails (or the original fails on its own), 2 for usage errors.
+    processes. Exit 0 when every check passes, 1 when one fails (or the original fails on its
+    own), 2 for usage errors.
     """
     from distify.verify.session import verify as run_verify
 
@@ -97,7 +99,7 @@ def _render(outcome, processes: int, steps: int | None, eval_steps: int | None) 
                f"{processes} processes{capped}")
     for run in outcome.runs:
         state = "ok" if run.ok else ("timed out" if run.timed_out else f"exit {run.code}")
-        click.echo(f"  ran {run.name}: {state}, {run.seconds:.1f} s")
+        click.echo(f"  ran {run.name}: {state}, {run.seconds:.1f} s{_capped(run)}")
     for run in outcome.runs[1:]:
         if not run.ok and not run.timed_out:
             click.echo(f"  {run.name} failed; its stderr ends with:", err=True)
@@ -110,6 +112,12 @@ def _render(outcome, processes: int, steps: int | None, eval_steps: int | None) 
                else f"distify verify: all {len(outcome.checks)} checks passed")
 
 
+def _capped(run) -> str:
+    steps = max((record.get("capped_steps") or 0 for record in run.records.values()), default=0)
+    return f"; capped: stopped after {steps} optimizer steps of a training loop without a " \
+        "DataLoader (--steps)" if steps else ""
+
+
 def _as_json(outcome) -> dict:
     first = outcome.runs[0]
     return {
@@ -117,7 +125,9 @@ def _as_json(outcome) -> dict:
         "original_failed": outcome.original_failed,
         "original_stderr": first.stderr[-4000:] if outcome.original_failed else None,
         "runs": [{"name": run.name, "processes": run.processes, "exit_code": run.code,
-                  "timed_out": run.timed_out, "seconds": round(run.seconds, 3)}
+                  "timed_out": run.timed_out, "seconds": round(run.seconds, 3),
+                  "capped_steps": max((r.get("capped_steps") or 0
+                                       for r in run.records.values()), default=0) or None}
                  for run in outcome.runs],
         "checks": [{"number": c.number, "name": c.name, "ok": c.ok, "evidence": c.evidence}
                    for c in outcome.checks],

@@ -6,6 +6,7 @@ not finish fails, saying which run; it never passes for want of evidence.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,6 +83,8 @@ def _file_difference(ours: Path, theirs: Path) -> str | None:
     values = _torch_values(ours), _torch_values(theirs)
     if values[0] is None or values[1] is None:
         return "contents differ (neither a torch file nor a pickle: compared byte for byte)"
+    if isinstance(values[0], _Pickled) or isinstance(values[1], _Pickled):
+        return _tensors_difference(values[0], values[1])
     difference = _value_difference(values[0], values[1], "")
     return f"values differ at {difference or 'the top level'}" if difference is not False \
         else None
@@ -90,7 +93,10 @@ def _file_difference(ours: Path, theirs: Path) -> str | None:
 def _torch_values(path: Path):
     """What a ``torch.save`` file holds, else what a pickle holds (pickled tensors differ in
     bytes between runs with equal values), else None. A pickle is loaded as it is: the script
-    that wrote it, in this run's folder, has just run with the same trust."""
+    that wrote it, in this run's folder, has just run with the same trust. A torch file that
+    holds more than tensors and containers (a whole ``nn.Module``, ``torch.save(model)``) is
+    loaded with its classes replaced by :class:`_Pickled` records (the script's classes live in
+    its ``__main__``): only its tensors are compared then."""
     import pickle
 
     import torch
@@ -100,10 +106,81 @@ def _torch_values(path: Path):
     except Exception:
         pass
     try:
+        return torch.load(path, map_location="cpu", weights_only=False,
+                          pickle_module=_RecordingPickle)
+    except Exception:
+        pass
+    try:
         with open(path, "rb") as file:
             return pickle.load(file)
     except Exception:
         return None
+
+
+class _Pickled:
+    """An object of a class found in the pickle (by name); its state as unpickled."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        self.__dict__["_args"] = args
+
+    def __setstate__(self, state) -> None:
+        self.__dict__["_state"] = state
+
+
+class _RecordingPickle:
+    """A ``pickle_module`` for ``torch.load``: torch's own classes load as they are, every
+    other class as a :class:`_Pickled` subclass named after it."""
+
+    import pickle as _pickle
+
+    class Unpickler(_pickle.Unpickler):
+        def find_class(self, module: str, name: str):
+            if module.split(".")[0] in ("torch", "collections", "builtins", "copyreg",
+                                        "_codecs", "numpy"):
+                return super().find_class(module, name)
+            return type(name, (_Pickled,), {"__module__": module})
+
+    load = staticmethod(lambda file, **kwargs: _RecordingPickle.Unpickler(file, **kwargs).load())
+    __name__ = "distify_verify_pickle"
+
+
+def _tensors_difference(a, b) -> str | None:
+    """Where the tensors of two loaded torch files differ (by their path in the objects)."""
+    ours, theirs = _tensor_leaves(a), _tensor_leaves(b)
+    if not ours and not theirs:
+        return "contents differ (pickled objects without tensors: compared byte for byte)"
+    if set(ours) != set(theirs):
+        only = sorted(set(ours) ^ set(theirs))[0]
+        return f"tensor {only} is in {'the original' if only in ours else 'the conversion'}'s " \
+               "file only (a pickled object: its tensors compared)"
+    for where, tensor in ours.items():
+        other = theirs[where]
+        if tensor.dtype != other.dtype or tensor.shape != other.shape or \
+                not __import__("torch").equal(tensor, other):
+            return f"values differ at {where} (a pickled object: its tensors compared)"
+    return None
+
+
+def _tensor_leaves(obj, where: str = "", depth: int = 0) -> dict:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return {where or "the top level": obj.detach()}
+    if depth > 20:
+        return {}
+    if isinstance(obj, _Pickled):
+        obj = obj.__dict__.get("_state", obj.__dict__.get("_args"))
+    elif not isinstance(obj, (dict, list, tuple, type)) and isinstance(
+            getattr(obj, "__dict__", None), dict):  # torch's own objects: an nn.Linear
+        obj = obj.__dict__
+    found: dict = {}
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            found.update(_tensor_leaves(value, f"{where}[{key!r}]", depth + 1))
+    elif isinstance(obj, (list, tuple)):
+        for index, value in enumerate(obj):
+            found.update(_tensor_leaves(value, f"{where}[{index}]", depth + 1))
+    return found
 
 
 def _value_difference(a, b, where: str):
@@ -144,8 +221,10 @@ def _first_difference(a: list[dict], b: list[dict]) -> str | None:
 # ------------------------------------------------------------------------ 2: replicas identical
 
 
-def replicas(job: Run) -> Check:
-    """Every rank ends with the same trained parameters as rank 0."""
+def replicas(job: Run, script: str = "") -> Check:
+    """Every rank has the same trained parameters as rank 0 at the end of each training
+    DataLoader iteration (the hooks' ``epochs``: digests taken where each rank's loop ended) and
+    at the end; a failure names the first epoch end and parameter that differ."""
     name = "replicas identical"
     skipped = _not_run(2, name, job)
     if skipped:
@@ -153,20 +232,45 @@ def replicas(job: Run) -> Check:
     first = job.records[0]["trained"]
     if not first:
         return Check(2, name, False, "rank 0 trained no parameter that verify could see")
+    epochs = job.records[0].get("epochs", [])
     for rank in range(1, job.processes):
+        theirs = job.records[rank].get("epochs", [])
+        for index, (ours, other) in enumerate(zip(epochs, theirs), 1):
+            differing = _first_digest_difference(ours["params"], other["params"])
+            if differing:
+                where = f" (the loop over the DataLoader at {script}:{ours['line']})" \
+                    if script and ours.get("line") else ""
+                return Check(2, name, False, f"rank {rank} differs from rank 0 at the end of "
+                                             f"training epoch {index}{where}: {differing}")
+        if len(epochs) != len(theirs):
+            return Check(2, name, False, f"rank 0 ended {len(epochs)} training DataLoader "
+                                         f"loop(s), rank {rank} {len(theirs)}")
         differing = _first_difference(first, job.records[rank]["trained"])
         if differing:
             return Check(2, name, False, f"rank {rank} differs from rank 0 at the end: "
                                          f"{differing}")
+    at = f"at {len(epochs)} training epoch end(s) and at the end" if epochs else \
+        "at the end (no training DataLoader loop ended)"
     return Check(2, name, True, f"{len(first)} parameters bit-identical on {job.processes} "
-                                "ranks at the end")
+                                f"ranks {at}")
+
+
+def _first_digest_difference(a: list, b: list) -> str | None:
+    if len(a) != len(b):
+        return f"{len(a)} trained parameters vs {len(b)}"
+    for (name, x), (_, y) in zip(a, b):
+        if x != y:
+            return f"first {name}"
+    return None
 
 
 # -------------------------------------------------------------------- 3: distinct data per rank
 
 
-def distinct_data(job: Run, script: str) -> Check:
-    """The inputs of each of the first training forwards differ between every pair of ranks."""
+def distinct_data(job: Run, script: str, original: Run | None = None) -> Check:
+    """The inputs of each of the first training forwards differ between every pair of ranks;
+    or, where the original on 1 process itself fed every training forward the same inputs
+    (full-batch training: a graph, a whole small data set), every rank does the same."""
     name = "distinct data per rank"
     skipped = _not_run(3, name, job)
     if skipped:
@@ -174,6 +278,9 @@ def distinct_data(job: Run, script: str) -> Check:
     inputs = {rank: job.records[rank]["inputs"] for rank in range(job.processes)}
     if not inputs[0]:
         return Check(3, name, False, "rank 0 ran no training forward that verify could see")
+    full = _full_batch(original, inputs)
+    if full:
+        return Check(3, name, True, full)
     for index, first in enumerate(inputs[0]):
         seen: dict[str, int] = {}
         for rank in range(job.processes):
@@ -192,6 +299,22 @@ def distinct_data(job: Run, script: str) -> Check:
     where = f" ({script}:{line})" if line else ""
     return Check(3, name, True, f"the first {count} training inputs of {inputs[0][0]['module']}"
                                 f"{where} differ between the {job.processes} ranks")
+
+
+def _full_batch(original: Run | None, inputs: dict[int, list[dict]]) -> str | None:
+    """The evidence of full-batch training, or None: the original's first training forwards
+    (2 or more) all had the same inputs, and so did every rank's of the conversion."""
+    if original is None or not original.ok or 0 not in original.records:
+        return None
+    ours = {entry["sha256"] for entry in original.records[0]["inputs"]}
+    theirs = {entry["sha256"] for found in inputs.values() for entry in found}
+    if len(original.records[0]["inputs"]) < 2 or len(ours) != 1 or len(theirs) != 1 or \
+            min(len(found) for found in inputs.values()) < 2:
+        return None
+    return (f"full-batch training: the original fed {inputs[0][0]['module']} the same inputs in "
+            f"each of its first {len(original.records[0]['inputs'])} training forwards, and "
+            f"every rank of the conversion does the same (nothing to shard; the ranks compute "
+            "what 1 process does)")
 
 
 # ------------------------------------------------------------------- 4: one printer, one writer
@@ -243,9 +366,9 @@ def eval_metrics(original: Run, job: Run) -> Check:
     if skipped:
         return skipped
     if not original.records[0].get("evaluations"):
-        return Check(5, name, True, "nothing to compare: the original ran no evaluation loop "
-                                    "(a DataLoader loop under no_grad or with the model in eval "
-                                    "mode)")
+        return Check(5, name, True, f"nothing to compare: {original.name} ran no evaluation "
+                                    "loop (a DataLoader loop under no_grad or with the model in "
+                                    "eval mode)")
     ours = _after_eval(original.stdout[0], original.records[0])
     theirs = _after_eval(job.stdout.get(0, ""), job.records[0])
     where = f"rank 0 of {job.name}"
@@ -326,11 +449,49 @@ def throughput(original: Run, job: Run) -> Check:
 
 
 def no_hang(runs: list[Run], timeout: float) -> Check:
+    """Every run ended within the timeout; else the first that did not, with where each of its
+    ranks was when it was stopped (their stacks, taken just before)."""
     name = "no hang"
     for run in runs:
         if run.timed_out:
+            where = "; ".join(_position(run, rank) for rank in range(run.processes))
             return Check(6, name, False, f"{run.name} was still running after {timeout:g} s "
-                                         "and was stopped")
+                                         f"and was stopped; {where}")
     longest = max(runs, key=lambda run: run.seconds)
     return Check(6, name, True, f"{len(runs)} runs ended within {timeout:g} s each (longest: "
                                 f"{longest.name}, {longest.seconds:.1f} s)")
+
+
+_FRAME = re.compile(r'\s*File "(.*)", line (\d+) in (\S+)')
+
+
+def _position(run: Run, rank: int) -> str:
+    """Where ``rank`` of ``run`` was: the innermost line of the script (or a module of its
+    folder), the distify call it made, and the innermost call it was in (a collective)."""
+    text = run.stacks.get(rank)
+    if not text:
+        return f"rank {rank} had ended (or showed no stack)"
+    folder = str(run.folder.resolve()) + "/"
+    for block in re.split(r"\n\s*\n", text):
+        frames = [match.groups() for match in map(_FRAME.match, block.splitlines()) if match]
+        ours = [index for index, frame in enumerate(frames) if frame[0].startswith(folder)]
+        if not ours:
+            continue  # a thread of a library (a watchdog, a loader's pin-memory thread)
+        path, line, _ = frames[ours[0]]
+        shown = f"rank {rank} at {path[len(folder):]}:{line}"
+        inner = frames[:ours[0]]
+        if not inner:
+            return shown
+        called = next((f"distify.{function}" for file, _, function in reversed(inner)
+                       if f"{os.sep}distify{os.sep}runtime{os.sep}" in file), None)
+        file, number, function = inner[0]
+        waiting = f"waiting in {function} ({_short(file)}:{number})"
+        return f"{shown}, {waiting}" + (f", called through {called}" if called else "")
+    return f"rank {rank} was outside the script's code (its stack shows no line of it)"
+
+
+def _short(path: str) -> str:
+    for marker in (f"{os.sep}site-packages{os.sep}", f"{os.sep}lib{os.sep}python"):
+        if marker in path:
+            return path.rpartition(marker)[2]
+    return os.path.basename(path)

@@ -42,6 +42,16 @@ class Caps:
     steps: int | None = None
     eval_steps: int | None = None
     frozen: bool = False
+    loose_steps: int | None = None  # a loop without a DataLoader (None: ``steps``)
+
+    def spread(self, processes: int, ranks: int) -> Caps:
+        """Check 5's frozen runs: the DataLoader caps of a run on ``processes`` processes that
+        together read what a run on ``ranks`` processes reads (a sharded loader gives each rank
+        its slice of each global batch, so k batches on each of N ranks cover N x k batches of
+        one process): ceil(K/N) per rank on N ranks, N x ceil(K/N) on 1."""
+        def cap(value: int | None) -> int | None:
+            return value and -(-value // ranks) * ranks // processes
+        return Caps(cap(self.steps), cap(self.eval_steps), True, self.steps)
 
 
 @dataclass(frozen=True)
@@ -59,6 +69,8 @@ class Run:
     records: dict[int, dict] = field(default_factory=dict)  # rank -> _distify_verify's record
     files: tuple[str, ...] = ()  # written or changed in the folder, relative paths
     log: str | None = None  # the job's stderr as a file (for failure_summary), N processes
+    stacks: dict[int, str] = field(default_factory=dict)  # rank -> its threads' stacks, taken
+    # just before a run that timed out was stopped (faulthandler's text; see the hooks)
 
     @property
     def ok(self) -> bool:
@@ -97,6 +109,8 @@ def _env(records: Path, script: Path, caps: Caps, extra: dict[str, str]) -> dict
         env["DISTIFY_VERIFY_STEPS"] = str(caps.steps)
     if caps.eval_steps:
         env["DISTIFY_VERIFY_EVAL_STEPS"] = str(caps.eval_steps)
+    if caps.loose_steps:
+        env["DISTIFY_VERIFY_LOOSE_STEPS"] = str(caps.loose_steps)
     if caps.frozen:
         env["DISTIFY_VERIFY_FROZEN"] = "1"
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
@@ -105,8 +119,8 @@ def _env(records: Path, script: Path, caps: Caps, extra: dict[str, str]) -> dict
     return env
 
 
-def _execute(argv: Sequence[str], cwd: Path, env: dict[str, str],
-             timeout: float) -> tuple[int, bool, str, str, float]:
+def _execute(argv: Sequence[str], cwd: Path, env: dict[str, str], timeout: float,
+             records: Path) -> tuple[int, bool, str, str, float]:
     started = time.monotonic()
     child = subprocess.Popen(list(argv), cwd=cwd, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
@@ -116,6 +130,7 @@ def _execute(argv: Sequence[str], cwd: Path, env: dict[str, str],
         out, err = child.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         timed_out = True
+        _ask_for_stacks(records)
         _kill_tree(child.pid)
         out, err = child.communicate()
     except BaseException:  # Ctrl-C: leave nothing running
@@ -124,6 +139,34 @@ def _execute(argv: Sequence[str], cwd: Path, env: dict[str, str],
     seconds = time.monotonic() - started
     return (child.returncode, timed_out, out.decode(errors="replace"),
             err.decode(errors="replace"), seconds)
+
+
+def _ask_for_stacks(records: Path, wait: float = 2.0) -> None:
+    """Ask every process of the run that set up a stack dump (the hooks' ``stack<rank>-<pid>
+    .txt``) to write its threads' stacks, and give them ``wait`` seconds to. Only those
+    processes are signalled: SIGUSR2 would end any other."""
+    asked = False
+    for path in records.glob("stack*-*.txt"):
+        with contextlib.suppress(ValueError, ProcessLookupError, PermissionError):
+            os.kill(int(path.stem.rpartition("-")[2]), signal.SIGUSR2)
+            asked = True
+    if asked:
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and not all(
+                path.stat().st_size for path in records.glob("stack*-*.txt")):
+            time.sleep(0.1)
+        time.sleep(0.2)  # the last lines of a dump being written
+
+
+def _stacks(records: Path) -> dict[int, str]:
+    """rank -> the stacks it wrote on request (empty: it had ended, or wrote nothing)."""
+    found: dict[int, str] = {}
+    for path in sorted(records.glob("stack*-*.txt")):
+        with contextlib.suppress(OSError, ValueError):
+            text = path.read_text(errors="replace")
+            if text.strip():
+                found[int(path.stem[len("stack"):].partition("-")[0])] = text
+    return found
 
 
 def _kill_tree(pid: int) -> None:
@@ -176,9 +219,9 @@ def run_single(name: str, script: Path, folder: Path, args: Sequence[str], *, cp
         [sys.executable, str(script), *args], folder,
         _env(records, script, caps, {"CUDA_VISIBLE_DEVICES": "", "DISTIFY_USE_CPU": "1"}
              if cpu else {}),
-        timeout)
+        timeout, records)
     return Run(name, 1, folder, code, timed_out, seconds, {0: out}, err, _records(records),
-               _changed(folder, before))
+               _changed(folder, before), stacks=_stacks(records) if timed_out else {})
 
 
 def run_parallel(name: str, script: Path, folder: Path, args: Sequence[str], *, processes: int,
@@ -194,11 +237,12 @@ def run_parallel(name: str, script: Path, folder: Path, args: Sequence[str], *, 
     plan = build_plan(cfg, str(script), list(args), log_dir=str(log_dir))
     before = _snapshot(folder)
     env = _env(records, script, caps, {**plan.env, "DISTIFY_VERIFY_LAUNCHED": "1"})
-    code, timed_out, out, err, seconds = _execute(plan.argv, folder, env, timeout)
+    code, timed_out, out, err, seconds = _execute(plan.argv, folder, env, timeout, records)
     log = work / f"{name}-stderr.log"
     log.write_text(err)
     return Run(name, processes, folder, code, timed_out, seconds, _rank_stdout(log_dir), err,
-               _records(records), _changed(folder, before), str(log))
+               _records(records), _changed(folder, before), str(log),
+               _stacks(records) if timed_out else {})
 
 
 def _rank_stdout(log_dir: Path) -> dict[int, str]:

@@ -102,26 +102,53 @@ def _verify(original: Path, converted: Path | None, args: Sequence[str], *, proc
                        folders[1], args, processes=processes, cpu=cpu, timeout=timeout,
                        caps=caps, work=work / "r2")
     runs = [first, single, job]
-    if job.ok:  # else check 5 says why it is not checked (a hang is not waited for twice)
-        frozen = Caps(caps.steps, caps.eval_steps, frozen=True)
+    # The frozen pair only when the original evaluated (else check 5 has nothing to compare),
+    # and not after a failed job (check 5 says why; a hang is not waited for twice)
+    frozen_pair = [first, job]
+    if job.ok and first.records.get(0, {}).get("evaluations", 1):
         frozen_folder = work / "original-frozen"
         copy_folder(original.resolve().parent, frozen_folder)
         frozen_script = frozen_folder / f"{stem}.py"
         frozen_script.write_bytes(original_script.read_bytes())
         runs.append(run_single("the original on 1 process, frozen weights", frozen_script,
-                               frozen_folder, args, cpu=cpu, timeout=timeout, caps=frozen,
-                               work=work / "r3"))
+                               frozen_folder, args, cpu=cpu, timeout=timeout,
+                               caps=caps.spread(1, processes), work=work / "r3"))
         runs.append(run_parallel(f"the conversion on {processes} processes, frozen weights",
                                  folders[2] / converted_name, folders[2], args,
-                                 processes=processes, cpu=cpu, timeout=timeout, caps=frozen,
-                                 work=work / "r4"))
-    frozen_pair = runs[3:] if job.ok else [first, job]
+                                 processes=processes, cpu=cpu, timeout=timeout,
+                                 caps=caps.spread(processes, processes), work=work / "r4"))
+        frozen_pair = runs[3:]
     shown_name = converted.name if converted is not None else converted_name
-    found = (checks.world_size_1(first, single), checks.replicas(job),
-             checks.distinct_data(job, shown_name), checks.one_writer(job),
+    found = (checks.world_size_1(first, single), checks.replicas(job, shown_name),
+             checks.distinct_data(job, shown_name, first), checks.one_writer(job),
              checks.eval_metrics(*frozen_pair), checks.no_hang(runs, timeout),
              checks.throughput(first, job))
+    notebook = converted if converted is not None else original
+    if notebook.suffix == ".ipynb":
+        for name in {shown_name, converted_name}:  # checks 4 and 6 name the run's file
+            found = tuple(_in_cells(check, name, converted_text, notebook.name,
+                                    converted is None) for check in found)
     return Outcome(str(original), shown, tuple(runs), found)
+
+
+def _in_cells(check: Check, script: str, text: str, notebook: str, converted_here: bool) -> Check:
+    """``nb_dist.py:41`` in a check's evidence as ``nb.ipynb cell 7, line 3``: the conversion
+    keeps the notebook's cell markers, so a line of it is a line of a cell (of the conversion
+    of that cell, when verify converted the notebook itself)."""
+    import dataclasses
+    import re
+
+    from distify.notebook import cell_of
+
+    def cell(match: re.Match) -> str:
+        found = cell_of(text, int(match.group(1)))
+        if found is None:
+            return match.group(0)
+        return f"{notebook} cell {found[0]}, line {found[1]}" + (
+            " of its conversion" if converted_here else "")
+
+    return dataclasses.replace(check, evidence=re.sub(rf"{re.escape(script)}:(\d+)", cell,
+                                                      check.evidence))
 
 
 def _script_text(path: Path) -> str:

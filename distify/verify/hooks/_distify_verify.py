@@ -14,15 +14,23 @@ Started by ``sitecustomize`` (this folder). At exit the process writes ``rank<RA
   innermost such frame (writes of distify's runtime, which guards its own, are left out);
 - ``step_seconds``, ``threads``: the median time between consecutive optimizer steps and
   torch's intra-op threads (check 7);
-- ``steps``: with ``DISTIFY_VERIFY_STEPS=K``, every training ``DataLoader`` iteration stops
+- ``epochs``: at the end of each training ``DataLoader`` iteration (exhausted, capped, or
+  dropped after a ``break``), the script line of its ``iter()`` and a 16-hex-digit sha256 prefix
+  of every trained parameter, as in ``trained`` (check 2 compares them rank by rank);
+- steps: with ``DISTIFY_VERIFY_STEPS=K``, every training ``DataLoader`` iteration stops
   after K batches (per ``iter()``, so per epoch); evaluation iterations only with
   ``DISTIFY_VERIFY_EVAL_STEPS=E``, after E. An iteration is *evaluation* when, at its ``iter()``,
   gradients are off (``torch.no_grad``, ``inference_mode``) or every model that has run a
-  training forward so far is in eval mode;
-- ``evaluations``, ``after_eval``: with ``DISTIFY_VERIFY_FROZEN=1`` (check 5's frozen-weights
-  runs), the number of evaluation iterations and the stdout lines printed after one ended and
-  before the next ``DataLoader`` iteration began (``[first, end)`` line indices, end None: to
-  the end). Such a run also freezes the weights: every optimizer step (``GradScaler.step``
+  training forward so far is in eval mode. A training loop without a DataLoader is stopped
+  after K optimizer steps of one optimizer taken outside any training ``DataLoader`` iteration:
+  the process exits (``SystemExit(0)``) right after that step, saying so on stderr, and
+  ``capped_steps`` records K (``DISTIFY_VERIFY_LOOSE_STEPS``, when set, is that K instead:
+  check 5's frozen runs cap DataLoader loops per rank, see ``runs.Caps.spread``);
+- ``evaluations``: the number of evaluation iterations begun;
+- ``after_eval``: with ``DISTIFY_VERIFY_FROZEN=1`` (check 5's frozen-weights runs), the stdout
+  lines printed after an evaluation iteration ended and before the next ``DataLoader``
+  iteration began (``[first, end)`` line indices, end None: to the end). Such a run also
+  freezes the weights: every optimizer step (``GradScaler.step``
   included, it calls the optimizer's) restores the parameters it stepped, and every BatchNorm
   gets ``momentum=0.0`` before its forwards (training forwards still normalise with batch
   statistics; the running statistics stay as built).
@@ -39,7 +47,6 @@ import atexit
 import hashlib
 import importlib.abc
 import importlib.util
-import itertools
 import json
 import os
 import shutil
@@ -51,17 +58,24 @@ import weakref
 from typing import Any
 
 INPUT_FORWARDS = 3
+MAX_EPOCHS = 1000  # epoch ends recorded (check 2)
 _WRITE = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 
 _directory = os.environ.get("DISTIFY_VERIFY_DIR", "")
 _script = os.path.abspath(os.environ.get("DISTIFY_VERIFY_SCRIPT", sys.argv[0] or ""))
 _steps = int(os.environ.get("DISTIFY_VERIFY_STEPS") or 0)
 _eval_steps = int(os.environ.get("DISTIFY_VERIFY_EVAL_STEPS") or 0)
+_loose_cap = int(os.environ.get("DISTIFY_VERIFY_LOOSE_STEPS") or _steps)
 _frozen = os.environ.get("DISTIFY_VERIFY_FROZEN") == "1"
 _saved: dict[int, list] = {}  # optimizer id -> its parameters before the step (frozen runs)
 _models: Any = weakref.WeakSet()  # the models that ran a training forward
 _after_eval: list[list] = []  # [first line, end line or None] printed after an evaluation loop
 _evaluations = [0]
+_open_training = [0]  # training DataLoader iterations begun and not ended
+_epochs: list[dict] = []  # at each training iteration's end: its line, parameter digests
+_loose_steps: dict[int, int] = {}  # optimizer id -> steps outside any training DataLoader loop
+_stack_file: list = []  # the file faulthandler writes the stacks to
+_capped = [0]  # the optimizer steps after which the process was stopped (0: not stopped)
 _step_at: list[float] = []  # perf_counter() after each of the first optimizer steps
 _batch_norm: Any = None
 _pid = os.getpid()
@@ -84,12 +98,29 @@ def start() -> None:
     """Called by sitecustomize: audit writes now, hook torch once imported, record at exit."""
     atexit.register(_write_record)
     sys.addaudithook(_audit)
+    _on_request_dump_stacks()
     if _frozen:
         sys.stdout = _CountingStdout(sys.stdout)
     if "torch" in sys.modules:
         _install()
     else:
         sys.meta_path.insert(0, _AfterTorchImport())
+
+
+def _on_request_dump_stacks() -> None:
+    """On ``SIGUSR2`` (sent by verify to a run it is about to stop, a hang), write every
+    thread's Python stack to ``stack<RANK>-<pid>.txt`` in the records' folder: ``faulthandler``
+    writes it from C, so a thread blocked in a collective is shown too. A handler the script
+    installs for ``SIGUSR2`` later replaces this one (then no stack is shown)."""
+    try:
+        import faulthandler
+        import signal
+
+        path = os.path.join(_directory, f"stack{os.environ.get('RANK', '0')}-{_pid}.txt")
+        _stack_file.append(open(path, "w"))  # noqa: SIM115 (open until the process ends)
+        faulthandler.register(signal.SIGUSR2, file=_stack_file[0], all_threads=True)
+    except (AttributeError, OSError, ValueError, RuntimeError) as err:  # no SIGUSR2 (Windows)
+        _errors.append(f"the stack dump on a hang is not set up: {err}")
 
 
 class _AfterTorchImport(importlib.abc.MetaPathFinder):
@@ -138,23 +169,18 @@ def _install() -> None:
         nn_module.register_module_forward_hook(_after_forward, with_kwargs=True,
                                                always_call=True)
         _watch_torch_save(torch.serialization)
-        if _steps > 0 or _eval_steps > 0 or _frozen:
-            iterate = DataLoader.__iter__
+        iterate = DataLoader.__iter__
 
-            def capped(self):
-                evaluating = _evaluating()
-                _loop_starts()
-                batches = iterate(self)
-                cap = _eval_steps if evaluating else _steps
-                if cap > 0:
-                    batches = itertools.islice(batches, cap)
-                if not _frozen:
-                    return batches
-                if evaluating:
-                    _evaluations[0] += 1
-                return _tracked(batches, evaluating)
+        def hooked(self):
+            evaluating = _evaluating()
+            _loop_starts()
+            if evaluating:
+                _evaluations[0] += 1
+            line = None if evaluating else _script_line(sys._getframe(1))
+            return _Batches(iterate(self), _eval_steps if evaluating else _steps, evaluating,
+                            line)
 
-            DataLoader.__iter__ = capped
+        DataLoader.__iter__ = hooked
     except Exception:
         _errors.append("installing the hooks failed:\n" + traceback.format_exc())
 
@@ -198,15 +224,71 @@ def _loop_starts() -> None:
         _after_eval[-1][1] = _stdout_lines()
 
 
-def _tracked(batches: Any, evaluating: bool) -> Any:
-    try:
-        yield from batches
-    finally:
-        if evaluating:
+class _Batches:
+    """A DataLoader iteration as the script sees it (``len`` and attributes forwarded), capped
+    at ``cap`` batches (0: whole); its end (exhausted, capped, or dropped after a ``break``) is
+    recorded: an evaluation's for check 5's lines, a training one's parameter digests (check 2's
+    epoch ends)."""
+
+    def __init__(self, inner: Any, cap: int, evaluating: bool, line: int | None) -> None:
+        self._inner, self._cap, self._evaluating, self._line = inner, cap, evaluating, line
+        self._given, self._ended = 0, False
+        if not evaluating:
+            _open_training[0] += 1
+
+    def __iter__(self) -> _Batches:
+        return self
+
+    def __next__(self) -> Any:
+        if self._cap and self._given >= self._cap:
+            self._end()
+            raise StopIteration
+        try:
+            batch = next(self._inner)
+        except StopIteration:
+            self._end()
+            raise
+        self._given += 1
+        return batch
+
+    def __len__(self) -> int:
+        length = len(self._inner)
+        return min(length, self._cap) if self._cap else length
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["_inner"], name)
+
+    def __del__(self) -> None:
+        try:
+            self._end()
+        except Exception:  # at interpreter shutdown, modules may be gone already
+            return
+
+    def _end(self) -> None:
+        if self.__dict__.get("_ended", True):
+            return
+        self._ended = True
+        if self._evaluating:
             _loop_starts()
             lines = _stdout_lines()
             if lines is not None:
                 _after_eval.append([lines, None])
+        else:
+            _open_training[0] -= 1
+            _epoch_ended(self._line)
+
+
+def _epoch_ended(line: int | None) -> None:
+    """Check 2's evidence at the end of a training DataLoader iteration: a short digest of
+    every trained parameter (none before anything trained)."""
+    if (not _optimizers and not _roots) or len(_epochs) >= MAX_EPOCHS:
+        return
+    try:
+        _epochs.append({"line": line, "params": [[entry["name"], entry["sha256"][:16]]
+                                                 for entry in _trained()]})
+    except Exception:
+        _errors.append("hashing the parameters at an epoch end failed:\n"
+                       + traceback.format_exc())
 
 
 def _before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -329,6 +411,22 @@ def _after_step(optimizer: Any, args: Any, kwargs: Any) -> None:
         _step_at.append(time.perf_counter())
     if _frozen:
         _restore(optimizer)
+    if _loose_cap > 0 and not _open_training[0]:
+        _cap_loose_steps(optimizer)
+
+
+def _cap_loose_steps(optimizer: Any) -> None:
+    """``--steps K`` for a training loop without a DataLoader (``while True: get_batch()``,
+    ``for it in range(max_iters)``): end the process cleanly right after the K-th step of one
+    optimizer outside any training DataLoader iteration. Every rank steps in the same order, so
+    every rank ends at the same step, after the step's collectives (DDP's all-reduce ran in the
+    backward); the record is written at exit."""
+    steps = _loose_steps[id(optimizer)] = _loose_steps.get(id(optimizer), 0) + 1
+    if steps >= _loose_cap:
+        _capped[0] = steps
+        print(f"distify verify: stopped after {steps} optimizer steps (--steps {_loose_cap}: a "
+              "training loop without a DataLoader)", file=sys.stderr, flush=True)
+        raise SystemExit(0)
 
 
 def _before_forward(module: Any, args: Any) -> None:
@@ -373,7 +471,8 @@ def _record_root(module: Any, args: Any, kwargs: Any) -> None:
     if not any(p.requires_grad for p in root.parameters()):
         return  # a loss function or a frozen model: nothing of it trains
     # parameters, not the module: a module holding a DDP object would keep the group alive
-    _roots.setdefault(id(root), (type(root).__name__, list(root.named_parameters())))
+    if id(root) not in _roots:  # once: listing the parameters every step would cost
+        _roots[id(root)] = (type(root).__name__, list(root.named_parameters()))
     _models.add(module)
     if len(_inputs) < INPUT_FORWARDS:
         digest = hashlib.sha256()
@@ -447,7 +546,8 @@ def _write_record() -> None:
         "rank": int(rank), "world_size": int(os.environ.get("WORLD_SIZE", "1")),
         "failed": hasattr(sys, "last_value"), "hooked": _torch is not None,
         "trained": [], "inputs": _inputs, "writes": _writes, "errors": _errors,
-        "evaluations": _evaluations[0], "after_eval": _after_eval,
+        "evaluations": _evaluations[0], "after_eval": _after_eval, "epochs": _epochs,
+        "capped_steps": _capped[0],
         "step_seconds": _median_step(),
         "threads": _torch.get_num_threads() if _torch is not None else None,
     }
