@@ -42,7 +42,13 @@ def supcon_ckpt(path: str) -> None:
     torch.save({"model": SupConResNet(name="resnet18").state_dict()}, path)
 
 
-RECIPES = {"text": text, "images": images, "supcon_ckpt": supcon_ckpt}
+def mkdir(*folders: str) -> None:
+    """Folders a script expects to exist (its repository keeps them out of git)."""
+    for folder in folders:
+        os.makedirs(folder, exist_ok=True)
+
+
+RECIPES = {"mkdir": mkdir, "text": text, "images": images, "supcon_ckpt": supcon_ckpt}
 
 if __name__ == "__main__":
     RECIPES[sys.argv[1]](*sys.argv[2:])

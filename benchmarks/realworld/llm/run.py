@@ -8,8 +8,12 @@ then `distify convert` (report and diff kept), and, unless `run: false`, a world
 (original vs conversion with plain python, lines compared after masking timings) and
 `distify verify --cpu`. Everything lands in WORK/ID/*.txt; the judging is done by reading them.
 
+The distify judged is a commit of the repository, exported with `git archive` to
+WORK/distify_SHA and put first on PYTHONPATH (`python -m distify`), so that uncommitted changes
+in a shared working tree never leak into a row; `--distify-commit` picks it (default HEAD).
+
 Usage: python benchmarks/realworld/llm/run.py [--work /tmp/rwl/run] [--mirrors /work/.mirror]
-       [ID ...]
+       [--distify-commit REV] [ID ...]
 """
 from __future__ import annotations
 
@@ -26,7 +30,10 @@ import numpy as np
 import yaml
 
 HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[2]
 STUBS = HERE / "stubs"
+DISTIFY = [sys.executable, "-m", "distify"]
+SOURCE: list[Path] = []  # the exported distify, set by main()
 TIMING = re.compile(r"(time|dt|ms|tok/sec|iter_dt|elapsed)[^|,;]*?\d[\d.,]*", re.IGNORECASE)
 
 
@@ -51,7 +58,7 @@ def prepare_data(kind: str, folder: Path) -> None:
 
 
 def run(cmd: list[str], cwd: Path, out: Path, timeout: int) -> int:
-    env = dict(os.environ, PYTHONPATH=f"{STUBS}{os.pathsep}{cwd}")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(map(str, [*SOURCE, STUBS, cwd])))
     env.pop("WORLD_SIZE", None)
     try:
         proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True,
@@ -105,14 +112,14 @@ def judge(entry: dict, work: Path, mirrors: Path) -> None:
     else:
         convert_src = script
         dist = dist_entry = script[:-3] + "_dist.py"
-    run(["distify", "convert", convert_src, "-o", dist, "--force", "--verbose"], folder,
+    run([*DISTIFY, "convert", convert_src, "-o", dist, "--force", "--verbose"], folder,
         folder / "convert.txt", 120)
     subprocess.run(["diff", "-ru", convert_src, dist], cwd=folder, timeout=60,
                    stdout=(folder / "diff.txt").open("w"))
-    summary = [f"{entry['id']}: converted"]
+    summary = [f"{entry['id']}: converted by distify {SOURCE[0].name.split('_')[1]}"]
     if entry.get("run", True):
         summary.append("world size 1: " + world_size_1(entry, folder, script, dist_entry))
-        verify = ["distify", "verify", script, dist_entry, "--cpu", "--timeout",
+        verify = [*DISTIFY, "verify", script, dist_entry, "--cpu", "--timeout",
                   str(entry.get("timeout", 300))]
         if "steps" in entry:
             verify += ["--steps", str(entry["steps"])]
@@ -123,12 +130,26 @@ def judge(entry: dict, work: Path, mirrors: Path) -> None:
     print("\n".join(summary), flush=True)
 
 
+def export_distify(rev: str, work: Path) -> Path:
+    sha = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", rev], check=True,
+                         capture_output=True, text=True, timeout=60).stdout.strip()
+    dest = work / f"distify_{sha}"
+    if not (dest / "distify" / "__init__.py").exists():
+        dest.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", sha, "distify"], check=True,
+                                 capture_output=True, timeout=120).stdout
+        subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True, timeout=120)
+    return dest
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("ids", nargs="*")
     parser.add_argument("--work", type=Path, default=Path("/tmp/rwl/run"))
     parser.add_argument("--mirrors", type=Path, default=Path("/work/.mirror"))
+    parser.add_argument("--distify-commit", default="HEAD")
     opts = parser.parse_args()
+    SOURCE.append(export_distify(opts.distify_commit, opts.work))
     entries = yaml.safe_load((HERE / "manifest.yaml").read_text())["scripts"]
     for entry in entries:
         if not opts.ids or entry["id"] in opts.ids:

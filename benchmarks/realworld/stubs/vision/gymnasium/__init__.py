@@ -4,6 +4,8 @@ about 15 episodes."""
 from __future__ import annotations
 
 import random
+
+import numpy as np
 from types import SimpleNamespace
 
 
@@ -18,11 +20,11 @@ class _CartPole:
         if seed is not None:
             self._rng = random.Random(seed)
         self._t = 0
-        return [self._rng.uniform(-0.05, 0.05) for _ in range(4)], {}
+        return np.array([self._rng.uniform(-0.05, 0.05) for _ in range(4)]), {}
 
     def step(self, action):
         self._t += 1
-        state = [self._rng.uniform(-1, 1) + 0.1 * action for _ in range(4)]
+        state = np.array([self._rng.uniform(-1, 1) + 0.1 * action for _ in range(4)])
         return state, 1.0, self._t >= 20, False, {}
 
     def render(self):

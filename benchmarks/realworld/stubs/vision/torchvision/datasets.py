@@ -44,13 +44,17 @@ class _Synthetic(Dataset):
         from PIL import Image
         img = Image.Image(self._image(i), self.pil_mode)
         img = self.transform(img) if self.transform is not None else img
-        t = self.targets[i]
+        t = int(self.targets[i])
         t = self.target_transform(t) if self.target_transform is not None else t
         return img, t
 
 
 class MNIST(_Synthetic):
-    pass
+    """``targets`` is a tensor here, as in torchvision (CIFAR10's is a list)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.targets = torch.tensor(self.targets)
 
 
 class FashionMNIST(MNIST):

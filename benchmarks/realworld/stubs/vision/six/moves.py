@@ -1,0 +1,2 @@
+import urllib  # noqa: F401
+import urllib.request  # noqa: F401
