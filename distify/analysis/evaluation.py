@@ -12,7 +12,9 @@ says the model is evaluating, since its loaders then still pad like training one
 
 from __future__ import annotations
 
+import ast
 import re
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 EVAL_FUNCTION_NAME = re.compile(r"eval|test|valid|(^|_)val(_|$)", re.IGNORECASE)
@@ -33,3 +35,281 @@ def switches_to_eval(method: str, args: list[Any]) -> bool:
     if method == "eval":
         return not args
     return method == "train" and len(args) == 1 and args[0] is False
+
+
+# ---------------------------------------------------------------- whole-file evaluation flow
+#: ``torch.nn.functional`` losses: each reduces by its mean unless ``reduction=`` says otherwise
+FUNCTIONAL_LOSSES = frozenset({
+    "binary_cross_entropy", "binary_cross_entropy_with_logits", "cosine_embedding_loss",
+    "cross_entropy", "ctc_loss", "gaussian_nll_loss", "hinge_embedding_loss", "huber_loss",
+    "kl_div", "l1_loss", "margin_ranking_loss", "mse_loss", "multi_margin_loss",
+    "multilabel_margin_loss", "multilabel_soft_margin_loss", "nll_loss", "poisson_nll_loss",
+    "smooth_l1_loss", "soft_margin_loss", "triplet_margin_loss"})
+#: methods that return the same criterion (``nn.CrossEntropyLoss().cuda(args.gpu)``)
+_MOVES = frozenset({"cuda", "to", "cpu"})
+#: calls that hand a loop its loader's batches (``enumerate(loader)``, ``tqdm(loader)``)
+_WRAPPERS = frozenset({"enumerate", "tqdm", "iter", "zip"})
+
+
+def loss_reduction(qualname: str | None, keywords: dict[str, Any]) -> str | None:
+    """How a loss reduces its per-sample values: ``"mean"``, ``"sum"`` or ``"none"``, for a
+    criterion's constructor (``torch.nn.CrossEntropyLoss``) or a functional loss
+    (``torch.nn.functional.cross_entropy``); None when ``qualname`` is neither, or when the
+    reduction is not a literal (``reduction=args.reduction``, the legacy ``size_average=``).
+
+    Args:
+        qualname: the callee's qualified name.
+        keywords: the call's keyword arguments: the string for a literal, else any other
+            object.
+    """
+    if not qualname or not qualname.startswith("torch.nn."):
+        return None
+    short = qualname.rsplit(".", 1)[-1]
+    if not (short.endswith("Loss") or short in FUNCTIONAL_LOSSES):
+        return None
+    if "size_average" in keywords or "reduce" in keywords:
+        return None
+    reduction = keywords.get("reduction", "mean")
+    if not isinstance(reduction, str):
+        return None
+    return reduction if reduction in ("sum", "none") else "mean"  # "batchmean" is a mean too
+
+
+@dataclass
+class EvalFlow:
+    """What evaluation looks like across one file's functions (one ``ast`` walk).
+
+    Attributes:
+        criteria: names bound to a loss criterion (``criterion = nn.CrossEntropyLoss()``) →
+            its reduction (see :func:`loss_reduction`); a name bound to criteria of different
+            reductions maps to None.
+        batch_losses: names bound only to a mean-reducing loss of a batch (``loss =
+            criterion(out, y)``): one mean per batch.
+        sum_losses: names bound only to a summing loss of a batch (``reduction="sum"``).
+        per_batch: functions (and methods, by name) called inside a loop over a loader with
+            that batch's values (``acc1, acc5 = accuracy(output, target, topk=(1, 5))``): what
+            they return is one process's, for one batch.
+        evaluating: functions every call of which runs under a no-gradient context or after
+            ``model.eval()`` in its caller: their loops are evaluation loops.
+    """
+
+    criteria: dict[str, str | None] = field(default_factory=dict)
+    batch_losses: set[str] = field(default_factory=set)
+    sum_losses: set[str] = field(default_factory=set)
+    per_batch: set[str] = field(default_factory=set)
+    evaluating: set[str] = field(default_factory=set)
+
+
+def eval_flow(tree: ast.Module, imports: Any, rules: _Matches) -> EvalFlow:
+    """The :class:`EvalFlow` of ``tree`` (``imports``: the file's ImportMap)."""
+    walker = _FlowWalker(imports, rules)
+    walker.walk(tree)
+    return walker.result()
+
+
+class _FlowWalker:
+    def __init__(self, imports: Any, rules: _Matches) -> None:
+        self.imports, self.rules = imports, rules
+        self.flow = EvalFlow()
+        self.loaders: set[str] = set()
+        self.loops: list[ast.For | ast.AsyncFor] = []
+        self.calls: dict[str, set[bool]] = {}  # callee → was each call evaluating?
+        self.losses: dict[str, set[str]] = {}  # loss name → the reduction of each binding
+        self.assigns: list[ast.Assign] = []
+
+    def walk(self, tree: ast.Module) -> None:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign):
+                self.assigns.append(node)
+            elif isinstance(node, (ast.For, ast.AsyncFor)):
+                self.loops.append(node)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                off = any(is_eval_context(self.rules, self.imports.ast_qualname(_callee(d)))
+                          for d in node.decorator_list)
+                self._block(node.body, [off, False])
+        self._block(tree.body, [False, False])
+
+    def result(self) -> EvalFlow:
+        flow = self.flow
+        for node in self.assigns:  # criteria and loaders first: the losses are built from them
+            self._bind(node)
+        for node in self.assigns:
+            if any(isinstance(t, ast.Name) and t.id in flow.criteria for t in node.targets):
+                continue  # the criterion itself
+            reduction = self.reduction_of(node.value)
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    self.losses.setdefault(target.id, set()).add(reduction or "?")
+        for loop in self.loops:
+            if self._loaderish(loop.iter):
+                flow.per_batch.update(_per_batch_callees(loop))
+        flow.evaluating = {name for name, states in self.calls.items() if states == {True}}
+        flow.batch_losses = {name for name, seen in self.losses.items() if seen == {"mean"}}
+        flow.sum_losses = {name for name, seen in self.losses.items() if seen == {"sum"}}
+        return flow
+
+    # ------------------------------------------------------------ bindings
+    def _bind(self, node: ast.Assign) -> None:
+        names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+        if not names:
+            return
+        core = node.value
+        while isinstance(core, ast.Call) and isinstance(core.func, ast.Attribute) \
+                and core.func.attr in _MOVES:
+            core = core.func.value
+        if isinstance(core, ast.Call):
+            qual = self.imports.ast_qualname(core.func)
+            if qual and qual.startswith("torch.nn.") and _short(qual).endswith("Loss"):
+                reduction = loss_reduction(qual, _keywords(core))
+                for name in names:
+                    known = self.flow.criteria.get(name, reduction)
+                    self.flow.criteria[name] = reduction if known == reduction else None
+                return
+            if self.rules.match("dataloaders", qual) is not None \
+                    or (_short(qual) in _WRAPPERS and self._loaderish(core)):
+                self.loaders.update(names)
+
+    def reduction_of(self, value: ast.expr) -> str | None:
+        """The reduction of the loss ``value`` computes (see :func:`loss_reduction`), None
+        for no loss known here."""
+        if any(_is_count(node) for node in ast.walk(value)):
+            return None  # a mean times its count: a sum, whatever the reduction
+        for node in ast.walk(value):
+            if isinstance(node, ast.Call):
+                callee = node.func
+                if isinstance(callee, ast.Name) and callee.id in self.flow.criteria:
+                    return self.flow.criteria[callee.id]
+                reduction = loss_reduction(self.imports.ast_qualname(callee), _keywords(node))
+                if reduction is not None:
+                    return reduction
+        return None
+
+    def _loaderish(self, node: ast.expr) -> bool:
+        while isinstance(node, ast.Call) and node.args and _short(
+                self.imports.ast_qualname(node.func) or _dotted(node.func)) in _WRAPPERS:
+            node = node.args[0]
+        name = _dotted(node)
+        if name is None:
+            return False
+        return name in self.loaders or "loader" in name.rsplit(".", 1)[-1].lower()
+
+    # ------------------------------------------------------------ calls, in order
+    def _block(self, body: list[ast.stmt], state: list[bool]) -> None:
+        """Walk statements in order; ``state``: [gradients off, a model switched to eval]."""
+        for stmt in body:
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue  # a def runs when called: walked on its own
+            if isinstance(stmt, (ast.With, ast.AsyncWith)):
+                for item in stmt.items:
+                    self._calls(item.context_expr, state)
+                off = any(is_eval_context(self.rules, self.imports.ast_qualname(
+                    _callee(item.context_expr))) for item in stmt.items)
+                inner = [state[0] or off, state[1]]
+                self._block(stmt.body, inner)
+                state[1] = inner[1]
+                continue
+            headers = [getattr(stmt, name) for name in ("test", "iter", "subject")
+                       if isinstance(getattr(stmt, name, None), ast.expr)]
+            bodies = [getattr(stmt, name) for name in ("body", "orelse", "finalbody")
+                      if isinstance(getattr(stmt, name, None), list)]
+            bodies += [handler.body for handler in getattr(stmt, "handlers", ())]
+            bodies += [case.body for case in getattr(stmt, "cases", ())]
+            if not bodies:
+                self._calls(stmt, state)
+                continue
+            for header in headers:
+                self._calls(header, state)
+            for block in bodies:
+                self._block(block, state)
+
+    def _calls(self, node: ast.AST, state: list[bool]) -> None:
+        for sub in ast.walk(node):
+            if not isinstance(sub, ast.Call):
+                continue
+            func = sub.func
+            if isinstance(func, ast.Attribute) and func.attr in ("eval", "train"):
+                values = [False if isinstance(a, ast.Constant) and a.value is False else a
+                          for a in sub.args]
+                if switches_to_eval(func.attr, values):
+                    state[1] = True
+                elif func.attr == "train" and (not sub.args or isinstance(
+                        sub.args[0], ast.Constant) and sub.args[0].value is True):
+                    state[1] = False
+                continue
+            name = _own_callee(func)
+            if name is not None:
+                self.calls.setdefault(name, set()).add(state[0] or state[1])
+
+
+def _per_batch_callees(loop: ast.For | ast.AsyncFor) -> set[str]:
+    """Local functions called in ``loop``'s body with a value of its batch as an argument."""
+    batch = {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
+    for node in _body_nodes(loop.body):
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                batch.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+    found: set[str] = set()
+    for node in _body_nodes(loop.body):
+        if isinstance(node, ast.Call):
+            name = _own_callee(node.func)
+            values = [*node.args, *(k.value for k in node.keywords)]
+            if name is not None and any(isinstance(n, ast.Name) and n.id in batch
+                                        for value in values for n in ast.walk(value)):
+                found.add(name)
+    return found
+
+
+def _body_nodes(body: list[ast.stmt]) -> list[ast.AST]:
+    """Every node of ``body``, not inside a nested def, class or lambda."""
+    found: list[ast.AST] = []
+    stack: list[ast.AST] = list(body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        found.append(node)
+        stack.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def _is_count(node: ast.AST) -> bool:
+    """``x.size(0)``, ``x.numel()``, ``len(y)``, ``x.shape[0]``: a batch's sample count."""
+    if isinstance(node, ast.Call):
+        func = node.func
+        return (isinstance(func, ast.Attribute) and func.attr in ("size", "numel")) or (
+            isinstance(func, ast.Name) and func.id == "len")
+    return isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) \
+        and node.value.attr == "shape"
+
+
+def _own_callee(func: ast.expr) -> str | None:
+    """``f`` of ``f(...)`` and of ``self.f(...)``: a function or method the file may define."""
+    if isinstance(func, ast.Name):
+        return func.id
+    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) \
+            and func.value.id == "self":
+        return func.attr
+    return None
+
+
+def _callee(node: ast.expr) -> ast.expr:
+    return node.func if isinstance(node, ast.Call) else node
+
+
+def _keywords(call: ast.Call) -> dict[str, Any]:
+    return {k.arg: (k.value.value if isinstance(k.value, ast.Constant) else k.value)
+            for k in call.keywords if k.arg is not None}
+
+
+def _dotted(node: ast.expr) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        inner = _dotted(node.value)
+        return None if inner is None else f"{inner}.{node.attr}"
+    return None
+
+
+def _short(qualname: str | None) -> str:
+    return (qualname or "").rsplit(".", 1)[-1]

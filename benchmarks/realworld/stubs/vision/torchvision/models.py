@@ -6,7 +6,7 @@ from torch import nn
 
 
 class _Small(nn.Module):
-    def __init__(self, num_classes=1000, width=8):
+    def __init__(self, num_classes=1000, width=64):
         super().__init__()
         self.conv1 = nn.Conv2d(3, width, 3, padding=1)
         self.bn1 = nn.BatchNorm2d(width)

@@ -1,0 +1,134 @@
+"""Evaluation decided elsewhere in the file, per-batch helpers, meters shown during a loop, and
+what a sum of losses really adds (see :class:`~distify.analysis.evaluation.EvalFlow`).
+
+- A function every call of which runs under ``torch.no_grad()`` or after ``model.eval()`` in
+  its caller (``with torch.no_grad(): val_loss = evaluate(model, val_loader)``) evaluates: its
+  loops over a loader have their sums reduced like those of a loop under its own ``no_grad``
+  (the loader is in its exact evaluation mode there: no sample repeated).
+- A function called once per batch with that batch's values (the ImageNet example's
+  ``accuracy(output, target, topk=(1, 5))``) returns one process's values for one batch, which
+  its caller uses as they are (``top1.update(acc1[0], images.size(0))``): nothing in it is
+  gathered or reduced; the caller's meters or sums are, after the caller's loop.
+- Meters shown during a loop over a loader (``progress.display(i + 1)``, a ``print`` of
+  ``top1``) show this process's values: said on the line.
+- A sum of a mean-reducing criterion's values (``nn.CrossEntropyLoss()``,
+  ``F.cross_entropy(...)`` by default, also ``criterion(out, y).sum().item()``) is a sum of
+  per-batch means: its report line says when that equals the single-process value, and a
+  summing criterion (``reduction="sum"``) is known to add per-sample values.
+
+What it deliberately does not do: follow a criterion through containers or attributes
+(``self.criterion``), or decide evaluation for a method called through another object
+(``trainer.evaluate()``); those keep the general rules of :mod:`.loops`.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from distify.analysis.evaluation import loss_reduction
+from distify.analysis.names import dotted_name
+from distify.convert.base import TransformerBase
+from distify.convert.syntax import _names_in
+
+
+class MeterMixin(TransformerBase):
+    def visit_Module(self, node: cst.Module) -> None:
+        super().visit_Module(node)
+        #: names bound to an object built from meters (``progress = ProgressMeter(n, [top1])``)
+        self._meter_views: dict[str, list[str]] = {}
+        self._meter_noted: set[int] = set()  # ids of the loops already given the note
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        super().visit_FunctionDef(node)
+        if node.name.value in self.facts.evaluation.evaluating:
+            self._scope.saw_eval = True  # its callers evaluate: see the module docstring
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        super().visit_Assign(node)
+        value = node.value
+        if not isinstance(value, cst.Call) or not self._scope.meters:
+            return
+        shown = sorted(_names_in(value) & self._scope.meters)
+        if shown:
+            for target in node.targets:
+                if isinstance(target.target, cst.Name):
+                    self._meter_views[target.target.value] = shown
+
+    def _per_batch_scope(self) -> bool:
+        """Is this code in a function called once per batch, whose result is used per
+        process (see the module docstring)?"""
+        helpers = self.facts.evaluation.per_batch
+        return any(name in helpers for name in self._path)
+
+    def _note_meter_display(self, original: cst.Call, result: cst.BaseExpression) -> None:
+        """A meter shown inside a loop over a loader: its value there is this process's."""
+        loops = [loop for loop in self._loops if loop.loaderish]
+        if not loops or id(loops[-1]) in self._meter_noted:
+            return
+        func = original.func
+        shown: list[str] = []
+        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name):
+            shown = self._meter_views.get(func.value.value, [])
+        if not shown and dotted_name(func) == "print":
+            shown = sorted(_names_in(original) & self._scope.meters)
+        if not shown:
+            return
+        self._meter_noted.add(id(loops[-1]))
+        listed = ", ".join(f"`{name}`" for name in shown)
+        self._edit(result, "reduce", f"{listed} shown during the loop: per-batch values are "
+                   "this process's own (only the main process prints them); the meters cover "
+                   "every process once added up after the loop")
+
+    def _batch_mean_cause(self, value: cst.BaseExpression) -> str | None:
+        """Why ``value`` adds one mean per batch (``criterion(out, y).sum().item()`` with a
+        mean-reducing ``criterion``), or None when it does not, or may not."""
+        finder = _LossCalls()
+        value.visit(finder)
+        if finder.counts:
+            return None  # a mean times its count is a per-sample sum
+        flow = self.facts.evaluation
+        for call in finder.calls:
+            name = dotted_name(call.func)
+            if isinstance(call.func, cst.Name) and flow.criteria.get(call.func.value) == "mean":
+                return f"`{name}` reduces by its mean"
+            if loss_reduction(self._qual(call.func), _keywords(call)) == "mean":
+                return f"`{name}(...)` reduces by its mean by default"
+        losses = sorted(finder.names & flow.batch_losses)
+        if losses:
+            return f"`{losses[0]}` is a criterion's mean over its batch"
+        return None
+
+    def _adds_loss_sum(self, value: cst.BaseExpression) -> bool:
+        """Does ``value`` add a summing criterion's value (``reduction="sum"``)?"""
+        finder = _LossCalls()
+        value.visit(finder)
+        flow = self.facts.evaluation
+        return any(isinstance(call.func, cst.Name) and flow.criteria.get(call.func.value)
+                   == "sum" for call in finder.calls) or bool(finder.names & flow.sum_losses)
+
+
+class _LossCalls(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.calls: list[cst.Call] = []
+        self.names: set[str] = set()
+        self.counts = False
+
+    def visit_Call(self, node: cst.Call) -> None:
+        self.calls.append(node)
+        func = node.func
+        if (isinstance(func, cst.Attribute) and func.attr.value in ("size", "numel")) or (
+                isinstance(func, cst.Name) and func.value == "len"):
+            self.counts = True
+
+    def visit_Subscript(self, node: cst.Subscript) -> None:
+        if isinstance(node.value, cst.Attribute) and node.value.attr.value == "shape":
+            self.counts = True
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self.names.add(node.value)
+
+
+def _keywords(call: cst.Call) -> dict[str, object]:
+    return {arg.keyword.value: (arg.value.evaluated_value
+                                if isinstance(arg.value, cst.SimpleString) else arg.value)
+            for arg in call.args if arg.keyword is not None}
