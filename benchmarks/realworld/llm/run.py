@@ -50,7 +50,7 @@ def prepare_data(kind: str, folder: Path) -> None:
         rng.integers(0, 50257, 4000, dtype=np.uint16).tofile(folder / "data/tiny/val.bin")
     elif kind == "input_txt":  # a small English-like text for char / byte models
         words = ["the", "king", "shall", "speak", "of", "love", "and", "war", "O", "God,",
-                 "my", "lord", "thou", "art", "here.", "\n"]
+                 "my", "lord", "thou", "art", "here.", "God!", "\n"]
         text = " ".join(words[i] for i in rng.integers(0, len(words), 6000))
         (folder / "input.txt").write_text(text)
     elif kind != "none":
