@@ -141,6 +141,35 @@ def test_two_optimizers_on_their_own_schedules_are_not_accumulation() -> None:
     assert "sync_gradients" not in out and "split_accumulation" not in out
 
 
+def test_products_left_as_written_say_what_they_count() -> None:
+    src = _LOOP.replace("accum = 4\n", "accum = 16 // 4\n").replace(
+        "    spike = total > 1.0\n    if spike:\n",
+        "    mfu = model_flops(4 * accum)\n    if step % 2 == 0:\n").replace(
+        '{total:.4f}")', '{loss.item() * accum:.4f} "\n'
+        '              f"{4 * accum / 0.5:.1f} samples/s")')
+    src = src.replace("model = nn.Linear", "model_flops = float\nmodel = nn.Linear")
+    result = convert_source(src.encode(), "t.py")
+    out = result.output.decode()
+    assert "distify.split_accumulation(accum)" in out and "* distify.world_size()" not in out
+    said = {(c.line, c.message.split(":")[0]) for c in result.changes if c.kind == "accumulation"}
+    mfu = out.splitlines().index("    mfu = model_flops(4 * accum)") + 1
+    printed = next(i for i, line in enumerate(out.splitlines(), 1) if "distify.print(" in line)
+    assert {(mfu, "`4 * accum` counts this process's share of an optimizer step (all "
+                  "processes"),
+            (printed, "`loss.item() * accum`"),
+            (printed, "`4 * accum` counts this process's share of an optimizer step (all "
+                      "processes")} <= said, said
+    # the sum is read nowhere now: nothing to average
+    assert 'op="mean"' not in out
+
+
+def test_the_batch_size_line_says_a_step_keeps_the_declared_total() -> None:
+    result = _convert("build_nanogpt_style")
+    assert result.batch_sizes == ("B (per micro-step; an optimizer step keeps the declared "
+                                  "total, as `grad_accum_steps` is shared out)",)
+    assert _convert("constant_accum_steps").batch_sizes == ("args.batch_size",)
+
+
 @pytest.mark.parametrize(("steps", "rank", "world", "share"), [
     (8, 0, 2, 4), (8, 1, 4, 2), (5, 0, 1, 5)])
 def test_split_accumulation_gives_each_process_its_share(monkeypatch, steps, rank, world,

@@ -31,12 +31,15 @@ optimizer, directly inside a loop that does) is rewritten so that:
   process, otherwise right after the micro-steps. The loops' generic sum is not added;
 - a throughput counter, an assignment to a name about tokens or samples whose value is a
   product with the count (``tokens_processed = B * T * grad_accum_steps``), is multiplied by
-  ``rt.world_size()``: it counts every process's tokens (the same number at world size 1).
+  ``rt.world_size()``: it counts every process's tokens (the same number at world size 1);
+  any other product with the count after the micro-steps (``estimate_mfu(batch_size * n, dt)``,
+  a tokens/sec inside a print) is left as written and its line says it counts one process's.
 
-What it deliberately does not do: follow micro-steps in a function the outer loop calls, a
-count set more than once, or a loss logged from the last micro-step alone (``lossf =
-loss.item() * grad_accum_steps``): that one is noted as this process's last micro-batch.
-Two optimizers stepped on different schedules are no micro-steps (each steps in its loop).
+What it deliberately does not do: follow micro-steps in a function the outer loop calls, or
+split a count set more than once (it is kept, and said to be); average a loss logged from the
+last micro-step alone (``lossf = loss.item() * grad_accum_steps``): its line says it is this
+process's last micro-batch, as the single process logs one micro-batch. Two optimizers stepped
+on different schedules are no micro-steps (each steps in its own loop).
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ class _MicroSteps:
 
     count: str  # the code of ``range``'s argument: ``grad_accum_steps``, ``args.accum``
     target: str  # ``micro_step``
+    losses: set[str] = field(default_factory=set)  # ``loss`` of ``loss.backward()``
     #: per-step sums of the loss (``loss_accum``) → the ``if`` to reduce them at (or None:
     #: right after the micro-steps)
     sums: dict[str, cst.If | None] = field(default_factory=dict)
@@ -94,6 +98,21 @@ class AccumulationMixin(TransformerBase):
         self._count_of_line = {id(c.line): (name, c) for name, c in self._counts.items()}
         self._last_loss_lines = {id(line) for found in self._micro_steps.values()
                                  for line in found.last_loss}
+        #: (line, about the loss?) already noted: a product with the count, said once a line
+        self._noted_lines: set[tuple[int, bool]] = set()
+        self._line_notes: list[str] = []  # for the line being left
+        self._losses = {name for found in self._micro_steps.values() for name in found.losses}
+
+    def leave_Module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
+        """The report's batch-size line: with the count shared out, the per-process batch is
+        a micro-batch's, and an optimizer step keeps the script's total."""
+        result = super().leave_Module(original, updated)
+        split = [name for name, count in self._counts.items() if count.split]
+        if split and self.batch_sizes:
+            self.batch_sizes = [f"{size} (per micro-step; an optimizer step keeps the "
+                                f"declared total, as `{split[0]}` is shared out)"
+                                for size in self.batch_sizes]
+        return result
 
     # ---------------------------------------------------------------- the micro-step loop
     def visit_For(self, node: cst.For) -> None:
@@ -193,13 +212,44 @@ class AccumulationMixin(TransformerBase):
                    "with an error when N does not divide it")
         self._after.append(share)
 
+    def leave_BinaryOperation(self, original: cst.BinaryOperation,
+                              updated: cst.BinaryOperation) -> cst.BaseExpression:
+        """A product with the count left as it is (``estimate_mfu(batch_size * n, dt)``, a
+        tokens/sec in a print) counts one process's share: said on its line, once."""
+        result = super().leave_BinaryOperation(original, updated)
+        line = self._statements[-1] if self._statements else None
+        counts = {f.count for f in self._micro_steps.values()}
+        if (line is None or self._micro_depth or id(line) in self._last_loss_lines
+                or id(line) in self._count_of_line or not set(_factors(original)) & counts
+                or _is_counter_line(line)):
+            return result
+        loss = bool(_names_in(original) & self._losses)
+        if (id(line), loss) in self._noted_lines:
+            return result
+        self._noted_lines.add((id(line), loss))
+        what = _short(_code(original))
+        if loss:
+            message = (f"`{what}`: the last micro-batch's loss of this process (on the console, "
+                       "the main process's), as the single process logs one micro-batch's")
+        else:
+            message = (f"`{what}` counts this process's share of an optimizer step (all "
+                       f"processes: × `{self.rt}.world_size()`)")
+        self._line_notes.append(message)
+        return result
+
+    def _note_on_line(self, original: cst.SimpleStatementLine,
+                      updated: cst.SimpleStatementLine) -> None:
+        """Called by the transformer's ``leave_SimpleStatementLine``: the notes about parts of
+        this line go on the line itself (a rewrite of the line may rebuild its parts)."""
+        for message in self._line_notes:
+            self._edit(updated, "accumulation", message)
+        self._line_notes = []
+
     def _count_all_processes(self, assign: cst.Assign) -> cst.Assign:
         """``tokens_processed = B * T * grad_accum_steps`` → ``... * rt.world_size()``."""
-        if len(assign.targets) != 1 or not isinstance(assign.targets[0].target, cst.Name):
+        if not _is_counter(assign) or not self._micro_steps:
             return assign
         name = assign.targets[0].target.value
-        if not _THROUGHPUT.search(name) or not self._micro_steps:
-            return assign
         counts = {f.count for f in self._micro_steps.values()}
         if not (set(_factors(assign.value)) & counts) or self._micro_depth:
             return assign
@@ -209,6 +259,16 @@ class AccumulationMixin(TransformerBase):
         self._edit(new, "accumulation", f"`{name}` counts every process's share of the step "
                    f"(× `{self.rt}.world_size()`; the same number at world size 1)")
         return new
+
+
+def _is_counter(assign: cst.Assign) -> bool:
+    """``tokens_processed = ...``: one name about tokens or samples."""
+    return (len(assign.targets) == 1 and isinstance(assign.targets[0].target, cst.Name)
+            and bool(_THROUGHPUT.search(assign.targets[0].target.value)))
+
+
+def _is_counter_line(line: cst.SimpleStatementLine) -> bool:
+    return any(isinstance(small, cst.Assign) and _is_counter(small) for small in line.body)
 
 
 def _short(code: str, width: int = 40) -> str:
@@ -281,7 +341,8 @@ def _micro_steps(stmt: cst.BaseStatement, outer: cst.For | cst.While) -> _MicroS
     outer.body.visit(outer_calls)
     if "step" not in outer_calls.methods:
         return None
-    return _MicroSteps(count=code, target=stmt.target.value)
+    return _MicroSteps(count=code, target=stmt.target.value,
+                       losses=_backward_receivers(stmt.body) - {code})
 
 
 class _MethodCalls(cst.CSTVisitor):
@@ -325,6 +386,8 @@ def _loss_sums(loop: cst.For, before: list, after: list, outer: cst.For | cst.Wh
     for name, values in adds.added.items():
         if name not in zeroed or not any(_names_in(v) & losses for v in values):
             continue
+        if module is not None and _count_name(module, name) == _own_uses(loop, name):
+            continue  # read nowhere: no collective for it
         sums[name] = _read_in_one_if(name, loop, after, outer, module)
     return sums
 
@@ -368,7 +431,7 @@ def _read_in_one_if(name: str, loop: cst.For, after: list, outer: cst.For | cst.
     """The one ``if`` directly after the micro-steps whose body holds every read of ``name``
     outside them, when its test is the same on every process; None otherwise."""
     total = _count_name(module, name) if module is not None else 0
-    own = _count_name(loop.body, name) + 1  # its `+=` in the micro-steps, its zeroing above
+    own = _own_uses(loop, name)
     reading = [stmt for stmt in after if _count_name(stmt, name)]
     if len(reading) != 1 or not isinstance(reading[0], cst.If):
         return None
@@ -379,6 +442,11 @@ def _read_in_one_if(name: str, loop: cst.For, after: list, outer: cst.For | cst.
     if _names_in(test_if.test) & changing:
         return None  # a test computed in the step may differ between processes
     return test_if
+
+
+def _own_uses(loop: cst.For, name: str) -> int:
+    """Its ``+=`` in the micro-steps, and its zeroing above them."""
+    return _count_name(loop.body, name) + 1
 
 
 def _count_name(node: cst.CSTNode, name: str) -> int:
