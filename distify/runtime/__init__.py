@@ -30,7 +30,7 @@ from ._errors import DistifyError, DistifyTypeError
 from ._files import open
 from ._io import load, on_main_process, print, save, set_seed
 from ._model import sync_gradients, unwrap
-from ._precision import autocast, backward, clip_grad_norm_, clip_grad_value_
+from ._precision import autocast, clip_grad_norm_, clip_grad_value_
 from ._prepare import prepare
 from ._split import shard_stream
 from ._state import (
@@ -46,6 +46,7 @@ from ._state import (
     rank,
     world_size,
 )
+from ._step import backward
 
 __all__ = [
     "DistifyError", "DistifyTypeError", "autocast", "backward", "broadcast_object",

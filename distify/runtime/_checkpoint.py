@@ -256,7 +256,7 @@ def _load_model(found: str, index: int, model: nn.Module, sharded: bool) -> None
         return
     main = _state.is_main_process()
     # Under FSDP only the main process's dict is read: the others need not load the file.
-    needed = main or _strategy.current().name != "fsdp" or _state.world_size() == 1
+    needed = main or _state.world_size() == 1 or not _strategy.current().model_state_from_main()
     model.load_state_dict(_read(found, f"model_{index}.pt") if needed else {})
 
 
@@ -269,9 +269,7 @@ def _load_optimizer(found: str, index: int, optimizer: torch.optim.Optimizer,
 
 
 def _sharded(settings: _state.Settings) -> bool:
-    options = settings.strategy_options
-    return (settings.world_size > 1 and settings.strategy == "fsdp"
-            and getattr(options, "state_dict_type", "") == "SHARDED_STATE_DICT")
+    return settings.world_size > 1 and _strategy.current().sharded_checkpoints()
 
 
 def _dcp_save(state: dict, scratch: str, name: str) -> None:

@@ -183,6 +183,12 @@ class FSDPStrategy(Strategy):
         return (f"fsdp (reshard_after_forward={options.reshard_after_forward}, "
                 f"{options.wrap_policy}, {options.state_dict_type})")
 
+    def sharded_checkpoints(self) -> bool:
+        return self.options.state_dict_type == "SHARDED_STATE_DICT"
+
+    def model_state_from_main(self) -> bool:
+        return True  # _from_main: load_state_dict broadcasts the main process's full dict
+
     def distribute(self, model: nn.Module) -> DistributedModel:
         from torch.distributed.fsdp import fully_shard
 

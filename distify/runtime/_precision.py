@@ -1,5 +1,8 @@
 """Mixed precision: autocast, fp32 outputs, the fp16 GradScaler and everything it touches.
 
+A layer below the prepared models (``_model`` runs its forwards under :func:`autocast`) and
+below the training step (``_step``: ``backward`` and prepared optimizers, with their checks).
+
 Under ``"no"`` every function here is a plain pass-through, so a single process computes exactly
 what the original script computes.
 """
@@ -14,15 +17,13 @@ from typing import Any
 
 import torch
 
-from . import _guard, _progress, _replicas, _state, _strategy
+from . import _state, _strategy
 from ._errors import DistifyError
 from ._subclass import PicklesAsOriginal, swap_class
 from ._tree import map_tensors, tensors_in
 
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 _HALF = (torch.float16, torch.bfloat16)
-#: how the runtime's messages name the wait in a backward (``_progress``)
-_GRADIENT_WAIT = "the gradient all-reduce of backward #{n}"
 _PLAIN_BACKWARD = ("loss.backward() was called on the output of a prepared model under fp16 mixed "
                    "precision: call distify.backward(loss) instead, so the loss is scaled")
 
@@ -68,33 +69,8 @@ def finish_outputs(outputs: Any) -> Any:
     return outputs
 
 
-def backward(loss: torch.Tensor, **kwargs: Any) -> None:
-    """Back-propagate ``loss``; under fp16 the loss is scaled by the GradScaler first.
-
-    With more than one process, a loss that no prepared model's training forward produced
-    since the previous backward is refused: its gradients would not be averaged across the
-    processes (``DISTIFY_ALLOW_UNSYNCED=1`` makes that one warning instead).
-
-    Args:
-        loss: the scalar loss (or any tensor ``Tensor.backward`` accepts).
-        **kwargs: passed to ``Tensor.backward`` (``retain_graph``, ``gradient``, ...).
-
-    Raises:
-        DistifyError: with more than one process, no prepared model's DDP forward made the
-            loss; in debug mode (``DISTIFY_DEBUG=1``), the ranks are at different calls or
-            their weights differ.
-    """
-    settings = _state.settings()
-    if settings.world_size == 1:
-        _backward(loss, settings, kwargs)
-        return
-    _guard.before_backward(loss)
-    with _progress.waiting("backward", _GRADIENT_WAIT):
-        _backward(loss, settings, kwargs)
-    _replicas.after_backward()  # every rank is here as often: DDP pairs the backwards
-
-
-def _backward(loss: torch.Tensor, settings: _state.Settings, kwargs: dict) -> None:
+def scaled_backward(loss: torch.Tensor, settings: _state.Settings, kwargs: dict) -> None:
+    """``loss.backward(**kwargs)``; under fp16 through the GradScaler (the loss scaled)."""
     if settings.mixed_precision != "fp16":
         loss.backward(**kwargs)
         return
@@ -137,25 +113,19 @@ def clip_grad_value_(parameters: torch.Tensor | Iterable[torch.Tensor], clip_val
     torch.nn.utils.clip_grad_value_(_unscale_for(parameters), clip_value, **kwargs)
 
 
-def prepare_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """Return ``optimizer`` itself; under fp16 its ``step`` goes through the GradScaler.
-
-    With more than one process, its ``step`` refuses to update parameters that have a gradient
-    but belong to no prepared model under DDP (``DISTIFY_ALLOW_UNSYNCED=1``: one warning).
-    """
+def setup_optimizer(optimizer: torch.optim.Optimizer) -> bool:
+    """Fit ``optimizer`` to the strategy and, under fp16, route its ``step`` through the
+    GradScaler. Returns False for an optimizer already set up (nothing done)."""
     part = _part()
     if optimizer in part.optimizers:
-        return optimizer
+        return False
     optimizer.step_was_skipped = False  # type: ignore[attr-defined]
     if _state.world_size() > 1:
         _strategy.current().setup_optimizer(optimizer)
     if _state.mixed_precision() == "fp16":
         _route_step_through_scaler(optimizer)
-    if _state.world_size() > 1:
-        _guard.watch_optimizer(optimizer)
-        _replicas.watch_optimizer(optimizer)
     part.optimizers.add(optimizer)
-    return optimizer
+    return True
 
 
 def prepare_scheduler(scheduler: Any) -> Any:

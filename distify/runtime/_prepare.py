@@ -13,7 +13,8 @@ from . import _state
 from ._data import PreparedDataLoader, prepare_loader
 from ._errors import DistifyTypeError
 from ._model import prepare_model
-from ._precision import prepare_optimizer, prepare_scheduler
+from ._precision import prepare_scheduler
+from ._step import prepare_optimizer
 
 _SCHEDULERS = tuple({getattr(lr_scheduler, name) for name in
                      ("LRScheduler", "_LRScheduler", "ReduceLROnPlateau")

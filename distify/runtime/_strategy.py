@@ -19,13 +19,14 @@ it, how gradients are clipped, and over which processes the runtime's own collec
 agreement, ``broadcast_object``, ``wait_for_everyone``, the debug checks). DDP and FSDP2 both
 run them over every process of the job; a strategy that splits the job into groups (hybrid
 sharding, pipeline stages) overrides them. Adding a strategy is one module with a subclass decorated
-by :func:`register`, plus its import at the end of this file. In a single process no strategy
+by :func:`register`, named in ``_BUILT_IN`` (imported on first use). In a single process no strategy
 distributes anything: a model is only moved to the device, so the script computes exactly what
 the original does.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Iterable
 from typing import Any, ClassVar
@@ -120,6 +121,18 @@ class Strategy:
         """One line for messages: the strategy and its main settings."""
         return self.name
 
+    # Checkpoints (``save_state``/``load_state``): what the strategy's models need.
+
+    def sharded_checkpoints(self) -> bool:
+        """Each process saves and loads its own shards (torch.distributed.checkpoint), instead
+        of the main process writing whole state dicts."""
+        return False
+
+    def model_state_from_main(self) -> bool:
+        """Loading a whole model state dict, the main process reads it and the strategy hands
+        it to the others (so only the main process needs the file's contents)."""
+        return False
+
     # The runtime's collectives: every process that trains on its own data takes part.
 
     def all_reduce(self, tensor: torch.Tensor, op: dist.ReduceOp.RedOpType) -> None:
@@ -149,6 +162,9 @@ class Strategy:
 
 
 _REGISTRY: dict[str, type[Strategy]] = {}
+#: the strategies shipped with distify: the module that registers each, imported on first use
+#: (a DDP job never imports FSDP's machinery, and this module imports no strategy)
+_BUILT_IN = {"ddp": "._ddp", "fsdp": "._fsdp"}
 
 
 def register(cls: type[Strategy]) -> type[Strategy]:
@@ -159,7 +175,14 @@ def register(cls: type[Strategy]) -> type[Strategy]:
 
 def names() -> tuple[str, ...]:
     """The registered strategies' names."""
-    return tuple(sorted(_REGISTRY))
+    return tuple(sorted(set(_REGISTRY) | set(_BUILT_IN)))
+
+
+def _lookup(name: str) -> type[Strategy] | None:
+    """The strategy class registered as ``name`` (its module imported if it is a built-in)."""
+    if name not in _REGISTRY and name in _BUILT_IN:
+        importlib.import_module(_BUILT_IN[name], __package__)
+    return _REGISTRY.get(name)
 
 
 def from_environment(argument: str | None) -> tuple[str, Any]:
@@ -176,10 +199,11 @@ def from_environment(argument: str | None) -> tuple[str, Any]:
         fsdp = os.environ.get("ACCELERATE_USE_FSDP", "").strip().lower() in _TRUE
         source, value = "ACCELERATE_USE_FSDP", "fsdp" if fsdp else "ddp"
     name = str(value).strip().lower()
-    if name not in _REGISTRY:
+    cls = _lookup(name)
+    if cls is None:
         raise DistifyError(f"unknown strategy {value!r} (from {source}): use one of "
                            f"{', '.join(names())}")
-    return name, _REGISTRY[name].options_from_environment()
+    return name, cls.options_from_environment()
 
 
 def current() -> Strategy:
@@ -188,7 +212,9 @@ def current() -> Strategy:
     strategy = runtime.strategy
     if strategy is None:
         settings = _state.settings()
-        strategy = runtime.strategy = _REGISTRY[settings.strategy](settings)
+        cls = _lookup(settings.strategy)
+        assert cls is not None, settings.strategy  # from_environment checked the name
+        strategy = runtime.strategy = cls(settings)
     return strategy
 
 
@@ -196,6 +222,3 @@ def as_list(parameters: torch.Tensor | Iterable[torch.Tensor]) -> list[torch.Ten
     """``parameters`` (a tensor or an iterable of them, as torch's clipping takes) as a list."""
     return [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
 
-
-# The strategies register themselves on import.
-from . import _ddp, _fsdp  # noqa: E402, F401
