@@ -158,14 +158,18 @@ def _ask_for_stacks(records: Path, wait: float = 2.0) -> None:
         time.sleep(0.2)  # the last lines of a dump being written
 
 
-def _stacks(records: Path) -> dict[int, str]:
-    """rank -> the stacks it wrote on request (empty: it had ended, or wrote nothing)."""
+def _stacks(records: Path, folder: Path) -> dict[int, str]:
+    """rank -> the stacks it wrote on request (none: it had ended, or wrote nothing). Of a
+    rank's processes (a spawned DataLoader worker starts the hooks too), the one whose stack
+    shows the run's folder."""
     found: dict[int, str] = {}
+    ours = str(folder.resolve())
     for path in sorted(records.glob("stack*-*.txt")):
         with contextlib.suppress(OSError, ValueError):
             text = path.read_text(errors="replace")
-            if text.strip():
-                found[int(path.stem[len("stack"):].partition("-")[0])] = text
+            rank = int(path.stem[len("stack"):].partition("-")[0])
+            if text.strip() and (rank not in found or ours not in found[rank]):
+                found[rank] = text
     return found
 
 
@@ -221,7 +225,7 @@ def run_single(name: str, script: Path, folder: Path, args: Sequence[str], *, cp
              if cpu else {}),
         timeout, records)
     return Run(name, 1, folder, code, timed_out, seconds, {0: out}, err, _records(records),
-               _changed(folder, before), stacks=_stacks(records) if timed_out else {})
+               _changed(folder, before), stacks=_stacks(records, folder) if timed_out else {})
 
 
 def run_parallel(name: str, script: Path, folder: Path, args: Sequence[str], *, processes: int,
@@ -242,7 +246,7 @@ def run_parallel(name: str, script: Path, folder: Path, args: Sequence[str], *, 
     log.write_text(err)
     return Run(name, processes, folder, code, timed_out, seconds, _rank_stdout(log_dir), err,
                _records(records), _changed(folder, before), str(log),
-               _stacks(records) if timed_out else {})
+               _stacks(records, folder) if timed_out else {})
 
 
 def _rank_stdout(log_dir: Path) -> dict[int, str]:
