@@ -67,6 +67,7 @@ def environment(entry: dict) -> dict:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE / "stubs" / "vision"),
                                                       env.get("PYTHONPATH")]))
     env["PATH"] = os.pathsep.join([str(HERE / "stubs" / "bin"), env.get("PATH", "")])
+    env.setdefault("RW_SEED", "0")  # see stubs/vision/_rw_seed.py
     env.update({k: str(v) for k, v in (entry.get("env") or {}).items()})
     return env
 
@@ -129,7 +130,11 @@ def main() -> None:
     ap.add_argument("--no-verify", dest="verify", action="store_false")
     args = ap.parse_args()
     manifest = yaml.safe_load((HERE / "manifest.yaml").read_text())
-    todo = [s for s in manifest["scripts"] if not args.ids or s["id"] in args.ids]
+    by_id = {s["id"]: s for s in manifest["scripts"]}
+    unknown = [i for i in args.ids if i not in by_id]
+    if unknown:
+        raise SystemExit(f"run.py: not in manifest.yaml: {', '.join(unknown)}")
+    todo = [by_id[i] for i in args.ids] if args.ids else manifest["scripts"]  # in the order given
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         futures = [pool.submit(run_one, s, manifest.get("defaults", {}), args.mirrors, args.out,
                                args.verify) for s in todo]

@@ -21,6 +21,9 @@ class Image:
         t = self.tensor[:1] if want == 1 else (self.tensor.expand(3, -1, -1) if c == 1 else self.tensor)
         return Image(t.clone(), mode)
 
+    def copy(self):
+        return Image(self.tensor.clone(), self.mode)
+
     def split(self):
         return tuple(Image(self.tensor[i:i + 1].clone(), "L") for i in range(self.tensor.shape[0]))
 

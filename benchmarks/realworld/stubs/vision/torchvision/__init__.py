@@ -5,6 +5,7 @@ sample ``i`` of a data set is the same tensor in every process, so sharding can 
 from __future__ import annotations
 
 import _rw_cuda_noop  # noqa: F401  (only acts with RW_CUDA_NOOP=1)
+import _rw_seed  # noqa: F401  (only acts with RW_SEED set)
 
 from . import datasets, models, transforms, utils  # noqa: F401
 
