@@ -4,9 +4,9 @@ about 15 episodes."""
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 
 import numpy as np
-from types import SimpleNamespace
 
 
 class _CartPole:

@@ -1,2 +1,2 @@
-import urllib  # noqa: F401
+import urllib
 import urllib.request  # noqa: F401
