@@ -15,6 +15,7 @@ from distify.analysis import parallelism
 from distify.analysis.bptt import RESHAPES, reshape_dim_names
 from distify.analysis.draws import may_draw_batches
 from distify.analysis.effects import writes_mode
+from distify.analysis.evaluation import EvalFlow, eval_flow
 from distify.analysis.names import ImportMap
 from distify.analysis.parallelism import Parallelism
 from distify.analysis.training import Training, analyse, collect
@@ -51,6 +52,8 @@ class FileFacts:
     may_batchify: bool = False
     #: what its optimizers and backward passes train (see :mod:`distify.analysis.training`)
     training: Training = field(default_factory=Training)
+    #: criteria, per-batch helpers and evaluation called from elsewhere (see :class:`EvalFlow`)
+    evaluation: EvalFlow = field(default_factory=EvalFlow)
 
 
 def parse_ast(source: bytes, path: str) -> ast.Module:
@@ -151,6 +154,7 @@ def gather_facts(tree: ast.Module, source: bytes, rules: RuleSet) -> FileFacts:
         facts.may_draw_batches = any(word in source for word in _DRAW_WORDS) \
             and may_draw_batches(tree, facts.imports)
         facts.may_batchify = not params.isdisjoint(dims)
+        facts.evaluation = eval_flow(tree, facts.imports, rules)
     facts.builds_loaders = any(name.rsplit(".", 1)[-1].encode() in source
                                for name in rules.names("dataloaders"))
     return facts

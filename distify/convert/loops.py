@@ -94,6 +94,8 @@ class LoopMixin(TransformerBase):
             updated = self._sync_on_step(updated, loop)
         if not (loop.loaderish or loop.next_from_loader):  # `x, y = next(batches)` feeds one
             return updated
+        if self._per_batch_scope() and not loop.has_backward:
+            return updated  # one batch's helper: its caller's loop reduces (see .meters)
         evaluating = self._in_eval() and not loop.has_backward
         if not evaluating and not loop.has_backward:
             self._report_unreduced(updated, loop)
@@ -113,8 +115,13 @@ class LoopMixin(TransformerBase):
                 "reduce_meters", *(cst.Name(n) for n in loop.meters)))])
             listed = ", ".join(f"`{n}`" for n in loop.meters)
             self._edit(line, "reduce", f"{listed}: the meters' sums and counts added over all "
-                       "processes and `avg` recomputed, so an average of per-sample means "
-                       "updated with their counts (`update(value, n)`) is the whole data set's")
+                       "processes and `avg` recomputed, so " + (
+                           "an average of per-sample means updated with their counts "
+                           "(`update(value, n)`) is the whole data set's: no sample is "
+                           "repeated in evaluation" if evaluating else
+                           "the epoch's average covers every process's batches (a training "
+                           "shard may repeat a few samples, and the global batch is N× "
+                           "larger: close to one process's value, not equal)"))
             reduces.append(line)
             for outer in self._loops:
                 outer.meters = [n for n in outer.meters if n not in loop.meters]
@@ -143,6 +150,8 @@ class LoopMixin(TransformerBase):
         process's samples once (repeats of a padded shard dropped), as one process's would."""
         func = original.func
         loops = [loop for loop in self._loops if loop.loaderish]
+        if self._per_batch_scope():  # its caller uses one batch's values per process
+            return None
         if not (loops and self._in_eval() and isinstance(func.value, cst.Name)
                 and func.value.value in self._scope.lists and len(updated.args) == 1
                 and updated.args[0].keyword is None and not updated.args[0].star):
@@ -176,7 +185,15 @@ class LoopMixin(TransformerBase):
             return (f"`{name}` summed over all processes after the loop, so the epoch's value "
                     "covers every process's batches, not one shard (a training metric follows "
                     "the N× larger global batch: close to one process's, not equal)")
-        if all(_adds_per_sample(value) for value in loop.added.get(name, ())):
+        added = loop.added.get(name, ())
+        means = [cause for cause in map(self._batch_mean_cause, added) if cause]
+        if means:  # see .meters
+            return (f"`{name}` summed over all processes: it adds one mean per batch "
+                    f"({means[0]}), so it equals the single-process value when every batch is "
+                    "full on every process (the data set's size a multiple of processes × "
+                    "batch size); otherwise each process's smaller last batch weighs like a "
+                    "full one")
+        if all(_adds_per_sample(value) or self._adds_loss_sum(value) for value in added):
             return (f"`{name}` summed over all processes: it adds per-sample values, and no "
                     "sample is repeated in evaluation, so the metric equals the single-process "
                     "value")

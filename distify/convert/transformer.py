@@ -21,7 +21,8 @@ What it rewrites (each rewrite is recorded as a :class:`Edit` for the report):
   splits of the data set (drawn from the main process's generator on every process).
 
 Each family lives in its own mixin: :mod:`.models`, :mod:`.prepare`, :mod:`.devices`, :mod:`.loops`,
-:mod:`.side_effects`, :mod:`.randomness`, :mod:`.batch_shapes`, :mod:`.bptt`, :mod:`.stops` and
+:mod:`.side_effects`, :mod:`.randomness`, :mod:`.batch_shapes`, :mod:`.bptt`, :mod:`.stops`,
+:mod:`.meters` and
 :mod:`.full_batch` (their docstrings list their rewrites);
 :mod:`.base` holds the shared state, :mod:`.syntax` the node helpers.
 
@@ -45,6 +46,7 @@ from distify.convert.devices import DeviceMixin
 from distify.convert.environments import EnvironmentMixin
 from distify.convert.full_batch import FullBatchMixin
 from distify.convert.loops import LoopMixin
+from distify.convert.meters import MeterMixin
 from distify.convert.models import ModelMixin
 from distify.convert.prepare import PrepareMixin
 from distify.convert.randomness import RandomnessMixin
@@ -56,7 +58,8 @@ __all__ = ["DistifyTransformer", "Edit"]
 
 class DistifyTransformer(AccumulationMixin, BatchShapeMixin, ModelMixin, PrepareMixin, DeviceMixin,
                          StopMixin, FullBatchMixin, LoopMixin, SideEffectMixin, RandomnessMixin,
-                         EnvironmentMixin, StreamShardMixin, TransformerBase):
+                         EnvironmentMixin, StreamShardMixin, MeterMixin,
+                         TransformerBase):
     """Rewrites one module in one pass. Each mixin owns one family of rewrites; this class
     dispatches calls and statements to them."""
 
@@ -76,7 +79,6 @@ class DistifyTransformer(AccumulationMixin, BatchShapeMixin, ModelMixin, Prepare
         if not updated.body:
             return cst.RemovalSentinel.REMOVE
         updated = self._update_device_comment(updated)
-        self._note_on_line(original, updated)  # see .accumulation
         if self._removed:
             self._attach_removals(updated)
         if downloads:
@@ -207,6 +209,7 @@ class DistifyTransformer(AccumulationMixin, BatchShapeMixin, ModelMixin, Prepare
         result = self._leave_call(original, updated)
         if isinstance(original.func, cst.Attribute) and original.func.attr.value == "backward":
             self._note_backward(result)
+        self._note_meter_display(original, result)  # see .meters
         self._collective_placed(original if result is updated else result)
         return result
 
