@@ -13,6 +13,7 @@ or ``a/b/__init__.py``, relative imports from the importer's package.
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -85,3 +86,176 @@ def imported_by_parallel(imports: Mapping[Path, tuple[str, ...]], parallel: Iter
     entries = [path for path in converted if path not in by_parallel]  # scripts, not helpers
     by_converted = reach(entries)
     return {path: entry for path, entry in by_parallel.items() if path not in by_converted}
+
+
+def reach(imports: Mapping[Path, tuple[str, ...]], starts: Iterable[Path],
+          root: Path) -> dict[Path, Path]:
+    """The project files that ``starts`` import, directly or through other project files, each
+    with the start that reaches it first (a start itself only when another start imports it).
+
+    Args:
+        imports: every project file's import names (:func:`module_names`), by path.
+        starts: where to begin.
+        root: the project's root folder.
+    """
+    files = {path.resolve(): path for path in imports}
+    found: dict[Path, Path] = {}
+    for start in starts:
+        pending = [start]
+        while pending:
+            path = pending.pop()
+            for name in imports.get(path, ()):
+                target = resolve(name, path.resolve(), root.resolve())
+                local = files.get(target) if target is not None else None
+                if local is None or local in found or local == start:
+                    continue
+                found[local] = start
+                pending.append(local)
+    return found
+
+
+def shared_with_parallel(imports: Mapping[Path, tuple[str, ...]], parallel: Iterable[Path],
+                         converted: Iterable[Path], root: Path) -> dict[Path, tuple[Path, Path]]:
+    """The local modules that both a parallel entry point and a script being converted reach,
+    with that parallel entry point and that script: code that runs in both jobs.
+
+    Args: as :func:`imported_by_parallel`.
+    """
+    parallel = list(parallel)
+    by_parallel = {path: entry for path, entry in reach(imports, parallel, root).items()
+                   if path not in parallel}
+    entries = [path for path in converted if path not in by_parallel]
+    by_converted = reach(imports, entries, root)
+    return {path: (entry, by_converted[path]) for path, entry in by_parallel.items()
+            if path in by_converted}
+
+
+def _is_main_guard(node: ast.stmt) -> bool:
+    """``if __name__ == "__main__":``, either way round."""
+    if not isinstance(node, ast.If) or not isinstance(node.test, ast.Compare):
+        return False
+    sides = [node.test.left, *node.test.comparators]
+    return len(sides) == 2 and {ast.unparse(side) for side in sides} == {
+        "__name__", "'__main__'"}
+
+
+def runs_as_script(tree: ast.Module) -> bool:
+    """The file does work when run: a ``__main__`` block, a loop, or a call at its top level
+    (an assignment from a call counts: ``model = Net()``)."""
+    for node in tree.body:
+        if _is_main_guard(node) or isinstance(node, (ast.For, ast.While, ast.With, ast.Try)):
+            return True
+        if isinstance(node, (ast.Expr, ast.Assign, ast.AugAssign, ast.AnnAssign)) and any(
+                isinstance(sub, ast.Call) for sub in ast.walk(node)):
+            return True
+    return False
+
+
+def has_main_guard(tree: ast.Module) -> bool:
+    return any(_is_main_guard(node) for node in tree.body)
+
+
+def _trains(func: ast.expr) -> bool:
+    """A call that back-propagates (``x.backward()``, ``distify.backward(loss)``,
+    ``torch.autograd.grad(...)``, ``grad(...)``), or may do it inside a library
+    (``trainer.fit(...)``, ``trainer.train()``; ``model.train()`` too, which inference code
+    rarely calls)."""
+    if isinstance(func, ast.Name):
+        return func.id == "grad"
+    if not isinstance(func, ast.Attribute):
+        return False
+    if func.attr == "grad":
+        return ast.unparse(func.value).split(".")[-1] == "autograd"
+    return func.attr in ("backward", "fit", "train")
+
+
+class BackwardReach:
+    """Whether running a project file can reach a backward pass (``x.backward(...)``,
+    ``distify.backward(loss)``, ``autograd.grad``, or a library's ``fit``/``train`` that may
+    run one): in the file itself, or in the project code it calls.
+
+    A file as a whole reaches what it holds and every project module it imports (a whole module
+    for ``import utils``; for ``from utils import evaluate`` only ``evaluate`` and the module's
+    functions and classes that it names, as far as they go). Code outside the project (an
+    installed package) never counts. What it deliberately does not do: follow calls through
+    objects (``trainer.fit()`` of a class from another module counts only when the class is
+    named), or tell a dead branch from a live one: a backward anywhere in a reached function
+    counts.
+    """
+
+    def __init__(self, sources: Mapping[Path, bytes], root: Path) -> None:
+        self.root = root.resolve()
+        self.sources = {path.resolve(): source for path, source in sources.items()}
+        self.trees: dict[Path, ast.Module | None] = {}
+
+    def tree(self, path: Path) -> ast.Module | None:
+        path = path.resolve()
+        if path not in self.trees:
+            source = self.sources.get(path)
+            try:
+                self.trees[path] = ast.parse(source) if source is not None else None
+            except (SyntaxError, ValueError):
+                self.trees[path] = None
+        return self.trees[path]
+
+    def reaches_backward(self, path: Path) -> bool:
+        """The file as a script (everything in it) reaches a backward pass."""
+        seen: set[tuple[Path, str | None]] = set()
+        pending: list[tuple[Path, str | None]] = [(path.resolve(), None)]
+        while pending:
+            key = pending.pop()
+            if key in seen:
+                continue
+            seen.add(key)
+            found, more = self._look(*key)
+            if found:
+                return True
+            pending.extend(more)
+        return False
+
+    def _look(self, path: Path, name: str | None) -> tuple[bool, list[tuple[Path, str | None]]]:
+        """Whether ``name`` of ``path`` (the whole file for None) holds a backward itself, and
+        what else it names: (file, name) pairs to look at next."""
+        tree = self.tree(path)
+        if tree is None:
+            return False, []
+        defs = {node.name: node for node in tree.body if isinstance(
+            node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+        imported = self._imports(tree, path)
+        if name is None:
+            node: ast.AST = tree
+        elif name in defs:
+            node = defs[name]
+        else:
+            return False, [imported[key] for key in (name, "*") if key in imported]
+        if any(isinstance(sub, ast.Call) and _trains(sub.func) for sub in ast.walk(node)):
+            return True, []
+        if name is None:
+            return False, list(imported.values())
+        named = {sub.id for sub in ast.walk(node) if isinstance(sub, ast.Name)}
+        named.add("*")  # a name from a star import may be any of them
+        return False, [(path, other) for other in named & defs.keys() if other != name] + [
+            imported[other] for other in named & imported.keys()]
+
+    def _imports(self, tree: ast.Module, path: Path) -> dict[str, tuple[Path, str | None]]:
+        """The names bound by imports of project files anywhere in ``tree``: what each one is
+        (a file, and a name in it or None for the whole file); a star import binds ``*``."""
+        bound: dict[str, tuple[Path, str | None]] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    target = resolve(alias.name, path, self.root)
+                    if target is not None:
+                        bound[alias.asname or alias.name.split(".")[0]] = (target, None)
+            elif isinstance(node, ast.ImportFrom):
+                module = "." * node.level + (node.module or "")
+                base = resolve(module, path, self.root)
+                for alias in node.names:
+                    whole = resolve(f"{module.rstrip('.')}.{alias.name}" if node.module else
+                                    f"{module}{alias.name}", path, self.root)
+                    if whole is not None and whole != base:  # a submodule
+                        bound[alias.asname or alias.name] = (whole, None)
+                    elif base is not None:
+                        bound[alias.asname or alias.name] = (
+                            base, None if alias.name == "*" else alias.name)
+        return bound

@@ -20,6 +20,7 @@ from distify.convert.project import (
     convert_file,
     copy_runtime,
     has_main_guard,
+    launch_entries,
     launch_entry,
     place_launch_config,
     plan_project,
@@ -119,11 +120,12 @@ def convert(path: Path, output: Path | None, show_diff: bool, check_only: bool, 
     write_planned([p for p in planned if p not in unwritten], in_place=in_place,
                   make_dirs=path.is_dir())
     root = (out or path) if path.is_dir() else None
-    entry, config = _configure(converted, root, mixed_precision, no_config=no_config)
+    entries = _entries(planned, path)
+    configs = _configure(converted, entries, root, mixed_precision, no_config=no_config)
     if standalone and not unwritten:
         copy_runtime(root or planned[0].target.parent)
-    _report(converted, as_json, config, verbose=verbose, unwritten=unwritten,
-            launch=_launch_hint(converted, entry, config))
+    _report(converted, as_json, configs, verbose=verbose, unwritten=unwritten,
+            launch=_launch_hints(converted, entries, configs))
 
 
 def _named(path: Path) -> Path:
@@ -216,32 +218,44 @@ def _not_written(path: Path, output: Path | None, in_place: bool,
     return converted
 
 
-def _configure(converted: list[Planned], root: Path | None, mixed_precision: str | None, *,
-               no_config: bool) -> tuple[Planned | None, ConfigOutcome | None]:
-    """The script to launch (None: a project whose entry point is unclear) and its launch
-    config: beside that script, or ``launch.yaml`` at the top of the project (``root``)."""
+def _entries(planned: list[Planned], path: Path) -> list[Planned]:
+    """The scripts to launch: a project's training scripts (see ``launch_entries``), or the
+    one converted file; empty when nothing was converted or a project's entry is unclear."""
+    if path.is_dir():
+        return launch_entries(planned, path)
+    done = [p for p in planned if p.result is not None and p.result.status == "converted"]
+    entry = launch_entry(done) if done else None
+    return [entry] if entry is not None else []
+
+
+def _configure(converted: list[Planned], entries: list[Planned], root: Path | None,
+               mixed_precision: str | None, *, no_config: bool) -> list[ConfigOutcome]:
+    """The launch configs: one beside each script to launch (where ``distify launch`` looks
+    for it), or ``launch.yaml`` at the top of a project (``root``) whose entry is unclear."""
     done = [p for p in converted if p.result.status == "converted"]
-    if not done:
-        return None, None
-    entry = launch_entry(done)
-    if no_config:
-        return entry, None
-    first = entry.target.with_suffix(".yaml") if entry else root / "launch.yaml"
-    own_scaler = any(p.result.own_mixed_precision for p in ([entry] if entry else done))
-    return entry, place_launch_config(first, mixed_precision=mixed_precision,
-                                      own_scaler=own_scaler)
+    if not done or no_config:
+        return []
+    if not entries:
+        return [place_launch_config(root / "launch.yaml", mixed_precision=mixed_precision,
+                                    own_scaler=any(p.result.own_mixed_precision for p in done))]
+    return [place_launch_config(entry.target.with_suffix(".yaml"),
+                                mixed_precision=mixed_precision,
+                                own_scaler=entry.result.own_mixed_precision)
+            for entry in entries]
 
 
-def _report(converted: list[Planned], as_json: bool, config: ConfigOutcome | None, *,
-            verbose: bool, err: bool = False, unwritten: Sequence[Planned] = (),
-            launch: tuple[str, bool] | None = None) -> None:
-    """Print the report (on stderr with ``err``); ``launch`` is the command and whether every
-    file is ready for it."""
-    hint = launch[0] if launch else None
+def _report(converted: list[Planned], as_json: bool, configs: Sequence[ConfigOutcome] | None,
+            *, verbose: bool, err: bool = False, unwritten: Sequence[Planned] = (),
+            launch: Sequence[tuple[str, bool]] = ()) -> None:
+    """Print the report (on stderr with ``err``); ``launch`` holds the commands (one per
+    training script of a project) and whether every file is ready for them."""
+    configs = configs or []
+    # JSON: one command (and config) per line when a project has several training scripts
+    hint = "\n".join(command for command, _ in launch) or None
     if as_json:
         outputs = ((p.result, None if p in unwritten else str(p.target)) for p in converted)
-        click.echo(json_report(outputs, launch_hint=hint,
-                               launch_config=str(config.path) if config else None), err=err)
+        click.echo(json_report(outputs, launch_hint=hint, launch_config="\n".join(
+            str(c.path) for c in configs) or None), err=err)
         return
     single = len(converted) == 1
     if not single:
@@ -249,7 +263,7 @@ def _report(converted: list[Planned], as_json: bool, config: ConfigOutcome | Non
         click.echo(f"{len(done)} of {len(converted)} Python file(s) converted", err=err)
     for item in converted:
         if not single and item.result.status in ("unchanged", "no-torch") \
-                and not item.result.notes:
+                and not item.result.notes and not item.listed:
             continue  # a distributed file is listed: the report says why it was left alone
         why = f"-o {item.target} writes a copy anyway" if item in unwritten else None
         result, name = item.result, str(_display(item))
@@ -257,32 +271,45 @@ def _report(converted: list[Planned], as_json: bool, config: ConfigOutcome | Non
             if isinstance(result, NotebookResult) else None
         click.echo(text_report(result, name, launch_hint=hint if single else None,
                                verbose=verbose, not_written=why, place=where), err=err)
-    if launch and not single:
-        click.echo(launch_line(launch[0], ready=launch[1]), err=err)
-    if config:
+    if not single:
+        if len(launch) > 1:
+            click.echo(f"{len(launch)} training scripts: one launch command each", err=err)
+        for command, ready in launch:
+            click.echo(launch_line(command, ready=ready), err=err)
+    for config in configs:
         click.echo(config_report(config), err=err)
 
 
-def _launch_hint(converted: list[Planned], entry: Planned | None,
-                 config: ConfigOutcome | None) -> tuple[str, bool] | None:
-    """The command that launches the result as converted, and whether every file is ready.
+def _launch_hints(converted: list[Planned], entries: list[Planned],
+                  configs: list[ConfigOutcome]) -> list[tuple[str, bool]]:
+    """The commands that launch the result as converted (one per script to launch), each with
+    whether every file is ready: the converted ones, and a module left as written with a note
+    that a model or loader it builds is not prepared.
 
-    It names the launch config unless `distify launch` finds it by itself (``<script>.yaml``);
-    in a project whose entry point is unclear it says which scripts it could be."""
+    A command names its launch config unless `distify launch` finds it by itself
+    (``<script>.yaml``); in a project whose entry point is unclear it says which scripts it
+    could be."""
     done = [p for p in converted if p.result.status == "converted"]
     if not done:
-        return None
-    script, choices = (shlex.quote(str(entry.target)), "") if entry else \
-        ("SCRIPT", _choices(done))
-    options = ""
-    if config is not None and (entry is None or config.path != entry.target.with_suffix(".yaml")):
-        options = f"--config_file {shlex.quote(str(config.path))} "
-    where = [f"SCRIPT: the entry point, {choices}"] if choices else []
-    if not _local_gpus():
-        options += "--num_processes 2 --cpu "
-        where.append("no GPU here: 2 processes on the CPU")
-    comment = f"   ({'; '.join(where)})" if where else ""
-    return f"distify launch {options}{script}{comment}", all(p.result.ready for p in done)
+        return []
+    ready = all(p.result.ready for p in converted if p.result.status == "converted" or p.listed)
+    gpus = _local_gpus()
+    hints = []
+    for index, entry in enumerate(entries or [None]):
+        config = configs[index] if index < len(configs) else None
+        script, choices = (shlex.quote(str(entry.target)), "") if entry else \
+            ("SCRIPT", _choices(done))
+        options = ""
+        if config is not None and (entry is None
+                                   or config.path != entry.target.with_suffix(".yaml")):
+            options = f"--config_file {shlex.quote(str(config.path))} "
+        where = [f"SCRIPT: the entry point, {choices}"] if choices else []
+        if not gpus:
+            options += "--num_processes 2 --cpu "
+            where.append("no GPU here: 2 processes on the CPU")
+        comment = f"   ({'; '.join(where)})" if where else ""
+        hints.append((f"distify launch {options}{script}{comment}", ready))
+    return hints
 
 
 def _choices(done: list[Planned]) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import errno
 import os
 import re
@@ -25,8 +26,15 @@ from typing import Literal
 
 import yaml
 
-from distify.analysis.project import imported_by_parallel, resolve
-from distify.convert.engine import FileResult, convert_source
+from distify.analysis.project import (
+    BackwardReach,
+    imported_by_parallel,
+    reach,
+    resolve,
+    runs_as_script,
+    shared_with_parallel,
+)
+from distify.convert.engine import FileResult, Item, convert_source
 from distify.convert.loops import LOADER_ELSEWHERE
 from distify.errors import UserError
 from distify.fsutil import (
@@ -59,6 +67,8 @@ class Planned:
     source: Path
     target: Path
     result: FileResult | None  # None: a non-Python file, copied
+    #: the report names it even when it is unchanged, with why it was left alone
+    listed: bool = False
 
 
 def read_source(path: Path) -> bytes:
@@ -113,8 +123,140 @@ def plan_project(root: Path, out: Path | None, rules: RuleSet, runtime_module: s
             planned.append(Planned(path, target, convert_file(path, rules, runtime_module)))
         elif out is not None:
             planned.append(Planned(path, target, None))
+    planned = _leave_scripts_without_backward(planned, root)
     planned = _convert_helpers(planned, root, rules, runtime_module)
+    planned = _leave_helpers_shared_with_parallel(planned, root)
     return _loaders_prepared_next_door(_keep_helpers_of_parallel(planned, root), root)
+
+
+def _project_files(planned: list[Planned]) -> dict[Path, FileResult]:
+    return {p.source: p.result for p in planned if p.result is not None
+            and p.source.suffix == ".py"}
+
+
+def _replaced(planned: list[Planned], results: dict[Path, FileResult]) -> list[Planned]:
+    """``planned`` with the results of ``results`` put in (and the report naming them)."""
+    return [Planned(p.source, p.target, results[p.source], listed=True)
+            if p.source in results else p for p in planned]
+
+
+def _left_alone(result: FileResult, reason: str, notes: tuple[Item, ...] = ()) -> FileResult:
+    return FileResult(result.path, result.source, result.source, "unchanged", notes=notes,
+                      reason=reason, imports=result.imports)
+
+
+def _leave_scripts_without_backward(planned: list[Planned], root: Path) -> list[Planned]:
+    """A script of the project that reaches no backward pass (``predict.py``, ``sample.py``,
+    ``prepare_data.py``; see :class:`BackwardReach`) is not a training script: it is run with
+    plain ``python``, on one process, where it is right as written. It is left unchanged, with
+    the project modules that only such scripts import, rather than converted for N processes
+    it never runs on. A script is a file no other project file imports that does work when run
+    (a ``__main__`` block, a top-level loop or call)."""
+    results = _project_files(planned)
+    imports = {path: r.imports for path, r in results.items()}
+    imported = reach(imports, list(results), root)
+    backward = BackwardReach({path: r.source for path, r in results.items()}, root)
+    inference = [path for path, r in results.items() if path not in imported
+                 and r.status != "already-distributed" and _is_script(backward, path)
+                 and not backward.reaches_backward(path)]
+    if not inference:
+        return planned
+    theirs = reach(imports, inference, root)
+    others = reach(imports, [p for p in results if p not in inference and p not in theirs], root)
+    left = {}
+    for path in (p for p in inference if results[p].status == "converted"):
+        left[path] = _left_alone(results[path], (
+            "no backward pass in it or in the project code it calls: not a training script "
+            "(inference, prediction, sampling or data preparation); it runs on one process as "
+            f"before (`python {path.relative_to(root).as_posix()}`) and is not launched on N "
+            "processes, so its prints and file writes already happen once"))
+    for path, script in theirs.items():
+        if path not in others and path not in left and results[path].status == "converted":
+            left[path] = _left_alone(results[path], (
+                f"imported only by {script.relative_to(root).as_posix()} (no backward pass: "
+                "run on one process, not launched on N), left unchanged with it"))
+    return _replaced(planned, left)
+
+
+def _is_script(backward: BackwardReach, path: Path) -> bool:
+    tree = backward.tree(path)
+    return tree is not None and runs_as_script(tree)
+
+
+def _leave_helpers_shared_with_parallel(planned: list[Planned], root: Path) -> list[Planned]:
+    """A module that both an already-distributed script (``train_ddp.py``) and a script being
+    converted (``train.py``) import runs in both jobs. Converted, it would run distify's
+    rewrites inside the other script's own DDP job, where ``distify.backward`` finds no model
+    prepared by distify and stops the job; so it is left as written, and every rewrite left out
+    is reported on its line with what it means for the converted script."""
+    results = _project_files(planned)
+    parallel = [path for path, r in results.items() if r.status == "already-distributed"]
+    if not parallel:
+        return planned
+    shared = shared_with_parallel(
+        {path: r.imports for path, r in results.items()}, parallel,
+        [path for path, r in results.items() if r.status == "converted"], root)
+    left = {}
+    for path, (ddp, script) in shared.items():
+        result = results[path]
+        if result.status != "converted":
+            continue
+        ddp_name, name = (p.relative_to(root).as_posix() for p in (ddp, script))
+        lines = _source_lines(result)
+        notes = tuple(Item(lines(change.line), *_left_out(change, name))
+                      for change in result.changes)
+        left[path] = _left_alone(result, (
+            f"imported by {ddp_name}, which is {results[ddp].reason}, and by {name}, which is "
+            f"converted: it runs in both jobs, and converted it would stop {ddp_name}'s own DDP "
+            "job (distify.backward finds no model prepared by distify there), so it is left as "
+            f"written; {name} runs it as written too (the lines below)"), notes)
+    return _replaced(planned, left)
+
+
+#: what a rewrite left out of a shared module means for the converted script that calls it
+_LEFT_OUT = {
+    "backward": "`.backward()` stays as written: DDP still averages the gradients of a model "
+                "that {script} prepares, but there is no loss scaling: under fp16 the runtime "
+                "stops the job at this backward (keep mixed precision 'no' or 'bf16')",
+    "clip": "clipping stays torch's own: right without fp16 (under fp16 the job stops at the "
+            "backward first)",
+    "reduce": "not summed over processes: under {script} on N processes it covers one "
+              "process's shard (rank 0's value where rank 0 prints it), not the whole data set "
+              "as in one process",
+    "print": "prints on every process of {script}'s job",
+    "stop": "decided by each process alone in {script}'s job: a process that stops here "
+            "leaves the others waiting at their next collective until the timeout",
+}
+
+
+def _left_out(change: Item, script: str) -> tuple[str, str, bool]:
+    """The note for a rewrite left out of a shared module: (kind, message, needs_human)."""
+    if change.kind.startswith("prepare"):  # launched as it is, the job would train wrong
+        return "model", (f"not prepared here (shared with a DDP script): prepare it in "
+                         f"{script} instead, or each process of its job trains on its own "
+                         f"({change.message})"), True
+    text = _LEFT_OUT.get(change.kind)
+    if text is None:
+        return (f"shared-{change.kind}",
+                f"left as written, so not done in {script}'s job: {change.message}", True)
+    text = text.format(script=script)
+    if change.kind == "reduce" and change.message.startswith("`"):  # name the value
+        text = f"`{change.message.split('`')[1]}`: {text}"
+    return f"shared-{change.kind}", text, True
+
+
+def _source_lines(result: FileResult) -> Callable[[int], int]:
+    """Maps a line of the conversion's output to the line of the source it came from (a line
+    the conversion added: the source line before it)."""
+    before = result.source.decode("utf-8", "replace").splitlines()
+    after = result.output.decode("utf-8", "replace").splitlines()
+    mapping: dict[int, int] = {}
+    for _tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, before, after,
+                                                       autojunk=False).get_opcodes():
+        for offset, j in enumerate(range(j1, j2)):
+            mapping[j + 1] = (i1 + min(offset, max(i2 - i1 - 1, 0)) + 1 if i2 > i1
+                              else max(i1, 1))
+    return lambda line: mapping.get(line, line)
 
 
 def _convert_helpers(planned: list[Planned], root: Path, rules: RuleSet,
@@ -198,6 +340,26 @@ _MAIN_GUARD = re.compile(rb"""^if\s+(__name__\s*==\s*['"]__main__['"]|['"]__main
 
 def has_main_guard(result: FileResult) -> bool:
     return _MAIN_GUARD.search(result.source) is not None
+
+
+def launch_entries(planned: list[Planned], root: Path) -> list[Planned]:
+    """The scripts a project is launched with: every converted file that does work when run (a
+    ``__main__`` block, a top-level loop) and reaches a backward pass (a training loop), those
+    that no other project file imports first; a model file's ``__main__`` smoke test or a
+    predict script is never one. When no file is such a script, :func:`launch_entry`'s choice
+    (empty when unclear)."""
+    results = _project_files(planned)
+    done = [p for p in planned if p.result is not None and p.result.status == "converted"
+            and not p.result.helper]
+    backward = BackwardReach({path: r.source for path, r in results.items()}, root)
+    training = [p for p in done if _is_script(backward, p.source)
+                and backward.reaches_backward(p.source)]
+    imported = reach({path: r.imports for path, r in results.items()}, list(results), root)
+    training = [p for p in training if p.source not in imported] or training
+    if training:
+        return training
+    entry = launch_entry(done)
+    return [entry] if entry is not None else []
 
 
 def launch_entry(converted: list[Planned]) -> Planned | None:
