@@ -29,7 +29,9 @@ class _Synthetic(Dataset):
         self.targets = torch.randint(0, self.num_classes, (self.n,), generator=g).tolist()
         self.samples = [(f"{root}/{t}/{i}.png", t) for i, t in enumerate(self.targets)]
         self.imgs = self.samples
-        self.data = torch.zeros(self.n, *self.shape[1:], dtype=torch.uint8)
+        # the raw images as torchvision keeps them (uint8; MNIST (N, H, W), CIFAR (N, H, W, C))
+        images = (torch.stack([self._image(i) for i in range(self.n)]) * 255).to(torch.uint8)
+        self.data = images[:, 0] if self.shape[0] == 1 else images.permute(0, 2, 3, 1).numpy()
 
     def __len__(self):
         return self.n
