@@ -8,6 +8,12 @@ their exact evaluation mode (no repeated samples), so a metric summed there and 
 the single-process value. A function *named* like evaluation (``evaluate``, ``test_epoch``,
 ``validate``) is a weaker sign: ``check`` counts it, ``convert`` reports it when nothing else
 says the model is evaluating, since its loaders then still pad like training ones.
+
+:class:`EvalFlow` reads the same across a whole file: a function evaluates when every call of it
+runs under such a context or after ``model.eval()`` in its caller; a function called once per
+batch with the batch's values (a top-k ``accuracy()`` helper) returns one process's values, so
+nothing in it is gathered; and which losses reduce by a mean (a sum of them adds one mean per
+batch, not per-sample values).
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ import ast
 import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from distify.analysis.names import ast_dotted_name
 
 EVAL_FUNCTION_NAME = re.compile(r"eval|test|valid|(^|_)val(_|$)", re.IGNORECASE)
 
@@ -186,9 +194,9 @@ class _FlowWalker:
 
     def _loaderish(self, node: ast.expr) -> bool:
         while isinstance(node, ast.Call) and node.args and _short(
-                self.imports.ast_qualname(node.func) or _dotted(node.func)) in _WRAPPERS:
+                self.imports.ast_qualname(node.func) or ast_dotted_name(node.func)) in _WRAPPERS:
             node = node.args[0]
-        name = _dotted(node)
+        name = ast_dotted_name(node)
         if name is None:
             return False
         return name in self.loaders or "loader" in name.rsplit(".", 1)[-1].lower()
@@ -300,15 +308,6 @@ def _callee(node: ast.expr) -> ast.expr:
 def _keywords(call: ast.Call) -> dict[str, Any]:
     return {k.arg: (k.value.value if isinstance(k.value, ast.Constant) else k.value)
             for k in call.keywords if k.arg is not None}
-
-
-def _dotted(node: ast.expr) -> str | None:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        inner = _dotted(node.value)
-        return None if inner is None else f"{inner}.{node.attr}"
-    return None
 
 
 def _short(qualname: str | None) -> str:
