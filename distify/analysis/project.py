@@ -63,28 +63,7 @@ def imported_by_parallel(imports: Mapping[Path, tuple[str, ...]], parallel: Iter
             helpers, the others as scripts whose helpers are converted with them.
         root: the project's root folder.
     """
-    files = {path.resolve(): path for path in imports}
-
-    def reach(starts: Iterable[Path]) -> dict[Path, Path]:
-        found: dict[Path, Path] = {}
-        for start in starts:
-            pending = [start]
-            while pending:
-                path = pending.pop()
-                for name in imports.get(path, ()):
-                    target = resolve(name, path.resolve(), root.resolve())
-                    local = files.get(target) if target is not None else None
-                    if local is None or local in found or local == start:
-                        continue
-                    found[local] = start
-                    pending.append(local)
-        return found
-
-    parallel = list(parallel)
-    by_parallel = {path: entry for path, entry in reach(parallel).items()
-                   if path not in parallel}
-    entries = [path for path in converted if path not in by_parallel]  # scripts, not helpers
-    by_converted = reach(entries)
+    by_parallel, by_converted = _reached_by_both(imports, parallel, converted, root)
     return {path: entry for path, entry in by_parallel.items() if path not in by_converted}
 
 
@@ -121,13 +100,21 @@ def shared_with_parallel(imports: Mapping[Path, tuple[str, ...]], parallel: Iter
 
     Args: as :func:`imported_by_parallel`.
     """
+    by_parallel, by_converted = _reached_by_both(imports, parallel, converted, root)
+    return {path: (entry, by_converted[path]) for path, entry in by_parallel.items()
+            if path in by_converted}
+
+
+def _reached_by_both(imports: Mapping[Path, tuple[str, ...]], parallel: Iterable[Path],
+                     converted: Iterable[Path], root: Path,
+                     ) -> tuple[dict[Path, Path], dict[Path, Path]]:
+    """What the parallel files reach (each with its parallel file), and what the converted
+    files that are scripts, not helpers of a parallel file, reach (each with its script)."""
     parallel = list(parallel)
     by_parallel = {path: entry for path, entry in reach(imports, parallel, root).items()
                    if path not in parallel}
-    entries = [path for path in converted if path not in by_parallel]
-    by_converted = reach(imports, entries, root)
-    return {path: (entry, by_converted[path]) for path, entry in by_parallel.items()
-            if path in by_converted}
+    entries = [path for path in converted if path not in by_parallel]  # scripts, not helpers
+    return by_parallel, reach(imports, entries, root)
 
 
 def _is_main_guard(node: ast.stmt) -> bool:
