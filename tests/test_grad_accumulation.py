@@ -163,6 +163,22 @@ def test_products_left_as_written_say_what_they_count() -> None:
     assert 'op="mean"' not in out
 
 
+def test_a_total_is_not_shared_out_where_every_process_trains_on_the_same_batches() -> None:
+    # batches sliced by hand: the ranks' micro-steps would repeat each other, and sharing the
+    # count out would shrink the step to 1/N of the distinct data; kept, and said so
+    src = _LOOP.replace("accum = 4\n", "accum = 16 // 4\n").replace(
+        "next(batches)", "loader.dataset[4 * k:4 * k + 4]").replace(
+        "    spike = total > 1.0\n", "    tokens_seen = 4 * accum\n    spike = total > 1.0\n")
+    result = convert_source(src.encode(), "t.py")
+    out = result.output.decode()
+    assert "split_accumulation(accum)\n" not in out and "world_size()" not in out
+    assert "distify.sync_gradients(k == accum - 1)" in out
+    said = " | ".join(_said(result, "accumulation"))
+    assert "`accum` is kept: these micro-steps' batches are not known to differ" in said
+    assert "counts" not in said
+    assert any("every process trains on the same batches" in n.message for n in result.notes)
+
+
 def test_the_batch_size_line_says_a_step_keeps_the_declared_total() -> None:
     result = _convert("build_nanogpt_style")
     assert result.batch_sizes == ("B (per micro-step; an optimizer step keeps the declared "

@@ -23,7 +23,11 @@ optimizer, directly inside a loop that does) is rewritten so that:
   when the world size does not divide it): an optimizer step still covers the declared total,
   as people do by hand (``grad_accum_steps //= ddp_world_size``). Any other count is the
   user's choice and is kept on every process; the report line says that an optimizer step
-  then covers N× the single-process batch;
+  then covers N× the single-process batch. Only micro-steps whose batches differ between
+  processes (``next()`` of an iterator over a DataLoader the file builds, batches drawn per
+  process, a split stream) get the count shared out and the counters below: where every
+  process trains on the same batches, a share would shrink the step's distinct data to 1/N,
+  so the count is kept and the line says why;
 - a per-step sum of the micro-steps' losses (``loss_accum = 0.0`` in the outer loop,
   ``loss_accum += loss.detach()`` in the micro-steps) becomes the mean over the processes,
   ``loss_accum = rt.reduce(loss_accum, op="mean")``, where it is read: at the top of the one
@@ -66,6 +70,11 @@ class _MicroSteps:
     count: str  # the code of ``range``'s argument: ``grad_accum_steps``, ``args.accum``
     target: str  # ``micro_step``
     losses: set[str] = field(default_factory=set)  # ``loss`` of ``loss.backward()``
+    #: ids of its backward calls, and what it calls ``next()`` on (``train_iter``)
+    backwards: set[int] = field(default_factory=set)
+    nexts: list[cst.BaseExpression] = field(default_factory=list)
+    #: each process trains on its own batches (a prepared loader's iterator, per-process draws)
+    sharded: bool = False
     #: per-step sums of the loss (``loss_accum``) → the ``if`` to reduce them at (or None:
     #: right after the micro-steps)
     sums: dict[str, cst.If | None] = field(default_factory=dict)
@@ -94,7 +103,12 @@ class AccumulationMixin(TransformerBase):
             for name, where in found.sums.items():
                 if where is not None:
                     self._reduce_at.setdefault(id(where), []).append(name)
+        for found in self._micro_steps.values():
+            found.sharded = self._shards_batches(found, node)
         self._counts = _count_lines(node, {f.count for f in self._micro_steps.values()})
+        for name, count in self._counts.items():  # shared out only where the data is
+            count.split = count.split and all(f.sharded for f in self._micro_steps.values()
+                                              if f.count == name)
         self._count_of_line = {id(c.line): (name, c) for name, c in self._counts.items()}
         self._last_loss_lines = {id(line) for found in self._micro_steps.values()
                                  for line in found.last_loss}
@@ -113,6 +127,22 @@ class AccumulationMixin(TransformerBase):
                                 f"declared total, as `{split[0]}` is shared out)"
                                 for size in self.batch_sizes]
         return result
+
+    def _shards_batches(self, found: _MicroSteps, module: cst.Module) -> bool:
+        """Does each process train on its own batches in these micro-steps: drawn per process
+        by a batch function (:mod:`.randomness`), sliced from a split stream (:mod:`.bptt`),
+        or ``next()`` of an iterator over a DataLoader this file builds (prepared, sharded)?"""
+        for flow in (getattr(self, "_draw_flow", None), getattr(self, "_stream_flow", None)):
+            if flow is not None and found.backwards & flow.fed_backwards:
+                return True
+        if not found.nexts:
+            return False
+        loaders = _LoaderNames(self)
+        module.visit(loaders)
+        return any(_code(source) in loaders.iterators or (
+            isinstance(source, cst.Call) and dotted_name(source.func) == "iter"
+            and source.args and _code(source.args[0].value) in loaders.loaders)
+            for source in found.nexts)
 
     # ---------------------------------------------------------------- the micro-step loop
     def visit_For(self, node: cst.For) -> None:
@@ -146,6 +176,13 @@ class AccumulationMixin(TransformerBase):
         if count is not None and count.split:
             batch = (f"`{found.count}` is shared out over the processes where it is set, so an "
                      "optimizer step covers the single-process batch")
+        elif not found.sharded:
+            batch = (f"`{found.count}` is kept: these micro-steps' batches are not known to "
+                     "differ between processes (see the note on the data), and while every "
+                     "process trains on the same ones a step is the single-process step; once "
+                     "each draws its own, an optimizer step covers N× the batch, or share a "
+                     f"count meant as a total out with `{found.count} = "
+                     f"{self.rt}.split_accumulation({found.count})`")
         else:
             batch = (f"`{found.count}` is the script's own count, kept on every process: on N "
                      f"processes an optimizer step covers N × `{found.count}` micro-batches, N× "
@@ -218,7 +255,7 @@ class AccumulationMixin(TransformerBase):
         tokens/sec in a print) counts one process's share: said on its line, once."""
         result = super().leave_BinaryOperation(original, updated)
         line = self._statements[-1] if self._statements else None
-        counts = {f.count for f in self._micro_steps.values()}
+        counts = {f.count for f in self._micro_steps.values() if f.sharded}
         if (line is None or self._micro_depth or id(line) in self._last_loss_lines
                 or id(line) in self._count_of_line or not set(_factors(original)) & counts
                 or _is_counter_line(line)):
@@ -250,7 +287,7 @@ class AccumulationMixin(TransformerBase):
         if not _is_counter(assign) or not self._micro_steps:
             return assign
         name = assign.targets[0].target.value
-        counts = {f.count for f in self._micro_steps.values()}
+        counts = {f.count for f in self._micro_steps.values() if f.sharded}
         if not (set(_factors(assign.value)) & counts) or self._micro_depth:
             return assign
         value = cst.BinaryOperation(left=assign.value, operator=cst.Multiply(),
@@ -259,6 +296,27 @@ class AccumulationMixin(TransformerBase):
         self._edit(new, "accumulation", f"`{name}` counts every process's share of the step "
                    f"(× `{self.rt}.world_size()`; the same number at world size 1)")
         return new
+
+
+class _LoaderNames(cst.CSTVisitor):
+    """Names bound to a DataLoader built in the file (by qualified name), and to ``iter()``
+    of one."""
+
+    def __init__(self, owner: TransformerBase) -> None:
+        self.owner = owner
+        self.loaders: set[str] = set()
+        self.iterators: set[str] = set()
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        value = _strip_parens(node.value)
+        if not isinstance(value, cst.Call):
+            return
+        names = {_code(t.target) for t in node.targets}
+        if self.owner.rules.match("dataloaders", self.owner._qual(value.func)):
+            self.loaders |= names
+        elif dotted_name(value.func) == "iter" and value.args \
+                and _code(value.args[0].value) in self.loaders:
+            self.iterators |= names
 
 
 def _is_counter(assign: cst.Assign) -> bool:
@@ -342,16 +400,23 @@ def _micro_steps(stmt: cst.BaseStatement, outer: cst.For | cst.While) -> _MicroS
     if "step" not in outer_calls.methods:
         return None
     return _MicroSteps(count=code, target=stmt.target.value,
-                       losses=_backward_receivers(stmt.body) - {code})
+                       losses=_backward_receivers(stmt.body) - {code},
+                       backwards=calls.backwards, nexts=calls.nexts)
 
 
 class _MethodCalls(cst.CSTVisitor):
     def __init__(self) -> None:
         self.methods: set[str] = set()
+        self.backwards: set[int] = set()
+        self.nexts: list[cst.BaseExpression] = []
 
     def visit_Call(self, node: cst.Call) -> None:
         if isinstance(node.func, cst.Attribute):
             self.methods.add(node.func.attr.value)
+            if node.func.attr.value == "backward":
+                self.backwards.add(id(node))
+        elif dotted_name(node.func) == "next" and node.args:
+            self.nexts.append(node.args[0].value)
 
 
 def _divides_by(body: cst.CSTNode, count: str) -> bool:
