@@ -36,7 +36,7 @@ class MeterMixin(TransformerBase):
         super().visit_Module(node)
         #: names bound to an object built from meters (``progress = ProgressMeter(n, [top1])``)
         self._meter_views: dict[str, list[str]] = {}
-        self._meter_noted: set[int] = set()  # ids of the loops already given the note
+        self._meter_noted: list = []  # the loops already given the note (held: ids recycle)
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         super().visit_FunctionDef(node)
@@ -63,7 +63,7 @@ class MeterMixin(TransformerBase):
     def _note_meter_display(self, original: cst.Call, result: cst.BaseExpression) -> None:
         """A meter shown inside a loop over a loader: its value there is this process's."""
         loops = [loop for loop in self._loops if loop.loaderish]
-        if not loops or id(loops[-1]) in self._meter_noted:
+        if not loops or any(loop is loops[-1] for loop in self._meter_noted):
             return
         func = original.func
         shown: list[str] = []
@@ -73,7 +73,7 @@ class MeterMixin(TransformerBase):
             shown = sorted(_names_in(original) & self._scope.meters)
         if not shown:
             return
-        self._meter_noted.add(id(loops[-1]))
+        self._meter_noted.append(loops[-1])
         listed = ", ".join(f"`{name}`" for name in shown)
         self._edit(result, "reduce", f"{listed} shown during the loop: per-batch values are "
                    "this process's own (only the main process prints them); the meters cover "
