@@ -75,6 +75,8 @@ class _MicroSteps:
     nexts: list[cst.BaseExpression] = field(default_factory=list)
     #: each process trains on its own batches (a prepared loader's iterator, per-process draws)
     sharded: bool = False
+    #: sums of the loss that nothing reads (no collective for them)
+    unread: set[str] = field(default_factory=set)
     #: per-step sums of the loss (``loss_accum``) → the ``if`` to reduce them at (or None:
     #: right after the micro-steps)
     sums: dict[str, cst.If | None] = field(default_factory=dict)
@@ -150,8 +152,8 @@ class AccumulationMixin(TransformerBase):
         found = self._micro_steps.get(id(node))
         if found is not None:
             self._micro_depth += 1
-            if self._loops:
-                self._loops[-1].own_reduce.update(found.sums)
+            if self._loops:  # averaged where read, or read nowhere: no sum after the loop
+                self._loops[-1].own_reduce.update(found.sums, found.unread)
 
     def leave_For(self, original: cst.For, updated: cst.For):
         found = self._micro_steps.get(id(original))
@@ -159,15 +161,18 @@ class AccumulationMixin(TransformerBase):
         if found is None:
             return result
         self._micro_depth -= 1
-        if not isinstance(result, cst.For):
+        # the loop, maybe followed by lines another rewrite adds after it
+        nodes = list(result.nodes) if isinstance(result, cst.FlattenSentinel) else [result]
+        if not nodes or not isinstance(nodes[0], cst.For):
             return result
-        result = self._sync_last_micro_step(result, found)
+        loop = self._sync_last_micro_step(nodes[0], found)
         after = [self._mean_line(name, found) for name, where in found.sums.items()
                  if where is None]
         if after:
             self._collective_placed()
-            return cst.FlattenSentinel([result, *after])
-        return result
+        if len(nodes) == 1 and not after:
+            return loop
+        return cst.FlattenSentinel([loop, *after, *nodes[1:]])
 
     def _sync_last_micro_step(self, loop: cst.For, found: _MicroSteps) -> cst.For:
         sync = cst.SimpleStatementLine([cst.Expr(cst.parse_expression(
@@ -373,7 +378,8 @@ class _MicroStepFinder(cst.CSTVisitor):
             found = _micro_steps(stmt, outer)
             if found is None:
                 continue
-            found.sums = _loss_sums(stmt, body[:index], body[index + 1:], outer, self._module)
+            found.sums, found.unread = _loss_sums(stmt, body[:index], body[index + 1:], outer,
+                                                  self._module)
             found.last_loss = _last_loss_lines(stmt, body[index + 1:], found.count)
             self.loops.append((stmt, found))
 
@@ -440,11 +446,13 @@ class _Divisions(cst.CSTVisitor):
 
 
 def _loss_sums(loop: cst.For, before: list, after: list, outer: cst.For | cst.While,
-               module: cst.Module | None) -> dict[str, cst.If | None]:
+               module: cst.Module | None) -> tuple[dict[str, cst.If | None], set[str]]:
     """``loss_accum`` of ``loss_accum = 0.0`` before the micro-steps and ``loss_accum +=
-    loss.detach()`` in them → the ``if`` after them where it is read, or None."""
+    loss.detach()`` in them → the ``if`` after them where it is read, or None; and the sums
+    read nowhere."""
     zeroed = {name for stmt in before for name in _zeroed(stmt)}
     sums: dict[str, cst.If | None] = {}
+    unread: set[str] = set()
     adds = _AddsTo()
     loop.body.visit(adds)
     losses = _backward_receivers(loop.body)
@@ -452,9 +460,10 @@ def _loss_sums(loop: cst.For, before: list, after: list, outer: cst.For | cst.Wh
         if name not in zeroed or not any(_names_in(v) & losses for v in values):
             continue
         if module is not None and _count_name(module, name) == _own_uses(loop, name):
-            continue  # read nowhere: no collective for it
+            unread.add(name)  # no collective for it
+            continue
         sums[name] = _read_in_one_if(name, loop, after, outer, module)
-    return sums
+    return sums, unread
 
 
 def _zeroed(stmt: cst.BaseStatement) -> list[str]:

@@ -79,6 +79,7 @@ class DistifyTransformer(AccumulationMixin, BatchShapeMixin, ModelMixin, Prepare
         if not updated.body:
             return cst.RemovalSentinel.REMOVE
         updated = self._update_device_comment(updated)
+        self._note_on_line(original, updated)  # see .accumulation
         if self._removed:
             self._attach_removals(updated)
         if downloads:
