@@ -110,12 +110,16 @@ class EvalFlow:
 
 def eval_flow(tree: ast.Module, imports: Any, rules: _Matches) -> EvalFlow:
     """The :class:`EvalFlow` of ``tree`` (``imports``: the file's ImportMap)."""
-    walker = _FlowWalker(imports, rules)
-    walker.walk(tree)
-    return walker.result()
+    finder = FlowFinder(imports, rules)
+    for node in ast.walk(tree):
+        finder.see(node)
+    return finder.result(tree)
 
 
-class _FlowWalker:
+class FlowFinder:
+    """Builds an :class:`EvalFlow`: :meth:`see` every node of the tree (in any order, so a
+    walk made for other facts serves), then :meth:`result`."""
+
     def __init__(self, imports: Any, rules: _Matches) -> None:
         self.imports, self.rules = imports, rules
         self.flow = EvalFlow()
@@ -125,19 +129,18 @@ class _FlowWalker:
         self.losses: dict[str, set[str]] = {}  # loss name → the reduction of each binding
         self.assigns: list[ast.Assign] = []
 
-    def walk(self, tree: ast.Module) -> None:
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Assign):
-                self.assigns.append(node)
-            elif isinstance(node, (ast.For, ast.AsyncFor)):
-                self.loops.append(node)
-            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                off = any(is_eval_context(self.rules, self.imports.ast_qualname(_callee(d)))
-                          for d in node.decorator_list)
-                self._block(node.body, [off, False])
-        self._block(tree.body, [False, False])
+    def see(self, node: ast.AST) -> None:
+        if isinstance(node, ast.Assign):
+            self.assigns.append(node)
+        elif isinstance(node, (ast.For, ast.AsyncFor)):
+            self.loops.append(node)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            off = any(is_eval_context(self.rules, self.imports.ast_qualname(_callee(d)))
+                      for d in node.decorator_list)
+            self._block(node.body, [off, False])
 
-    def result(self) -> EvalFlow:
+    def result(self, tree: ast.Module) -> EvalFlow:
+        self._block(tree.body, [False, False])
         flow = self.flow
         for node in self.assigns:  # criteria and loaders first: the losses are built from them
             self._bind(node)

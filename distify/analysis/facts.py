@@ -15,7 +15,7 @@ from distify.analysis import parallelism
 from distify.analysis.bptt import RESHAPES, reshape_dim_names
 from distify.analysis.draws import may_draw_batches
 from distify.analysis.effects import writes_mode
-from distify.analysis.evaluation import EvalFlow, eval_flow
+from distify.analysis.evaluation import EvalFlow, FlowFinder
 from distify.analysis.names import ImportMap
 from distify.analysis.parallelism import Parallelism
 from distify.analysis.training import Training, analyse, collect
@@ -100,6 +100,7 @@ def gather_facts(tree: ast.Module, source: bytes, rules: RuleSet) -> FileFacts:
     reshapes = b".view(" in source or b".reshape(" in source
     params: set[str] = set()  # every function's parameters
     dims: set[str] = set()  # names that are a dimension of a `.view(a, b)`/`.reshape(a, b)`
+    flow = FlowFinder(facts.imports, rules) if trains else None  # evaluation across the file
 
     def each(node: ast.AST) -> None:
         if isinstance(node, ast.Name):
@@ -138,6 +139,8 @@ def gather_facts(tree: ast.Module, source: bytes, rules: RuleSet) -> FileFacts:
                                       facts.imports.ast_qualname(node.func)) is not None
         if markers is not None and not markers.done:
             markers.see(node)
+        if flow is not None:
+            flow.see(node)
 
     collected = collect(tree, facts.imports, rules, each) if trains else None
     if collected is None:
@@ -154,7 +157,7 @@ def gather_facts(tree: ast.Module, source: bytes, rules: RuleSet) -> FileFacts:
         facts.may_draw_batches = any(word in source for word in _DRAW_WORDS) \
             and may_draw_batches(tree, facts.imports)
         facts.may_batchify = not params.isdisjoint(dims)
-        facts.evaluation = eval_flow(tree, facts.imports, rules)
+        facts.evaluation = flow.result(tree)
     facts.builds_loaders = any(name.rsplit(".", 1)[-1].encode() in source
                                for name in rules.names("dataloaders"))
     return facts
