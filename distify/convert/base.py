@@ -88,6 +88,14 @@ class _Loop:
     targets: set[str] = field(default_factory=set)
     #: sums the accumulation rewrite averages itself where they are read (``loss_accum``)
     own_reduce: set[str] = field(default_factory=set)
+    #: containers added to by index (``counts[label] += 1``) → what the first addition adds
+    tallied: dict[str, cst.BaseExpression] = field(default_factory=dict)
+    #: containers changed otherwise in the loop (``counts[i] = 0``) → that statement
+    tally_odd: dict[str, cst.CSTNode] = field(default_factory=dict)
+    #: lists filled item by item in an inner loop: this loop's lists are gathered after it
+    after: list[str] = field(default_factory=list)
+    #: names unpacked from a tuple in the loop (``inputs, labels = batch``)
+    unpacked: set[str] = field(default_factory=set)
 
 
 class NodeSet:

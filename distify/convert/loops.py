@@ -99,6 +99,7 @@ class LoopMixin(TransformerBase):
         evaluating = self._in_eval() and not loop.has_backward
         if not evaluating and not loop.has_backward:
             self._report_unreduced(updated, loop)
+            self._report_per_process(updated, loop)  # see .collected
             return updated
         if evaluating:
             for name in loop.appended:
@@ -125,6 +126,7 @@ class LoopMixin(TransformerBase):
             reduces.append(line)
             for outer in self._loops:
                 outer.meters = [n for n in outer.meters if n not in loop.meters]
+        reduces += self._after_loop_metrics(updated, loop, evaluating)  # see .collected
         if not names and not reduces:
             return updated
         for name in names:
@@ -157,8 +159,10 @@ class LoopMixin(TransformerBase):
                 and updated.args[0].keyword is None and not updated.args[0].star):
             return None
         loop = loops[-1]
+        if loop is not self._loops[-1] or func.value.value in loop.after:
+            return None  # item by item in an inner loop: gathered after the loop (.collected)
         value = updated.args[0].value
-        if not _per_sample(original.args[0].value, loop.targets | loop.assigned) \
+        if not _per_sample(original.args[0].value, loop.targets | loop.assigned | loop.unpacked) \
                 or _is_rt_call(value, self.rt, "gather_for_metrics"):
             return None
         name = func.value.value

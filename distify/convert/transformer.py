@@ -42,6 +42,7 @@ from distify.convert.accumulation import AccumulationMixin
 from distify.convert.base import Edit, TransformerBase
 from distify.convert.batch_shapes import BatchShapeMixin
 from distify.convert.bptt import StreamShardMixin
+from distify.convert.collected import CollectedMixin
 from distify.convert.devices import DeviceMixin
 from distify.convert.environments import EnvironmentMixin
 from distify.convert.full_batch import FullBatchMixin
@@ -56,10 +57,10 @@ from distify.convert.stops import StopMixin
 __all__ = ["DistifyTransformer", "Edit"]
 
 
-class DistifyTransformer(AccumulationMixin, BatchShapeMixin, ModelMixin, PrepareMixin, DeviceMixin,
-                         StopMixin, FullBatchMixin, LoopMixin, SideEffectMixin, RandomnessMixin,
-                         EnvironmentMixin, StreamShardMixin, MeterMixin,
-                         TransformerBase):
+class DistifyTransformer(AccumulationMixin, BatchShapeMixin, CollectedMixin, ModelMixin,
+                         PrepareMixin, DeviceMixin, StopMixin, FullBatchMixin, LoopMixin,
+                         SideEffectMixin, RandomnessMixin, EnvironmentMixin, StreamShardMixin,
+                         MeterMixin, TransformerBase):
     """Rewrites one module in one pass. Each mixin owns one family of rewrites; this class
     dispatches calls and statements to them."""
 

@@ -17,6 +17,7 @@ from ._collectives import (
     broadcast_object,
     gather,
     gather_for_metrics,
+    gather_list,
     local_main_process_first,
     main_process_first,
     reduce,
@@ -50,7 +51,8 @@ from ._step import backward
 
 __all__ = [
     "DistifyError", "DistifyTypeError", "autocast", "backward", "broadcast_object",
-    "clip_grad_norm_", "clip_grad_value_", "device", "gather", "gather_for_metrics", "init",
+    "clip_grad_norm_", "clip_grad_value_", "device", "gather", "gather_for_metrics",
+    "gather_list", "init",
     "is_local_main_process", "is_main_process", "load", "local_main_process_first",
     "local_rank", "local_world_size", "main_process_first", "mixed_precision", "on_main_process",
     "open", "prepare", "print", "rank", "reduce", "reduce_meters", "save", "set_seed",

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import _data, _debug, _objects, _state, _strategy
+from . import _data, _debug, _elementwise, _objects, _state, _strategy
 from ._errors import DistifyError, DistifyTypeError
 from ._tree import map_tensors, tensors_in
 
@@ -22,20 +22,25 @@ def reduce(value: Any, op: str = "sum") -> Any:
     """Combine ``value`` over all ranks; every rank gets the result.
 
     Args:
-        value: a tensor, a Python or NumPy int or float, or a nested tuple/list/dict of
-            tensors.
+        value: a tensor, a Python or NumPy int or float, a nested tuple/list/dict of
+            tensors, or a NumPy array or a nested list/tuple/dict of numbers (per-class counts
+            such as ``class_total = [0.] * 10``), combined elementwise: a dict's keys are the
+            union of every rank's (a missing key counts as zero).
         op: ``"sum"``, ``"mean"``, ``"max"`` or ``"min"``.
 
     Returns:
         The same kind of value: a new tensor on the input's device, an int for ints (a float for
         ``"mean"``), a float for floats (summed in float64), a NumPy number of the same type for
-        a NumPy number. In a single process, ``value`` itself.
+        a NumPy number; a new container of the same types for a container of numbers. In a
+        single process, ``value`` itself.
     """
     if op not in _OPS:
         raise DistifyError(f"unknown reduce op {op!r}: use one of {', '.join(_OPS)}")
     number = isinstance(value, (bool, int, float)) or _is_numpy_scalar(value)
-    if not number and not tensors_in(value):
-        raise DistifyTypeError(f"distify.reduce takes tensors or Python numbers, not "
+    numbers = not number and _elementwise.is_container_of_numbers(value)
+    if not number and not numbers and not tensors_in(value):
+        raise DistifyTypeError(f"distify.reduce takes tensors, Python numbers or containers of "
+                               f"numbers, not "
                                f"{type(value).__name__}")
     if _state.world_size() == 1:
         return value
@@ -43,6 +48,8 @@ def reduce(value: Any, op: str = "sum") -> Any:
         _debug.check(f"reduce({op}, {_debug.describe(value)})")
     if number:
         return _reduce_number(value, op)
+    if numbers:
+        return _elementwise.reduce_elementwise(value, op)
     return map_tensors(value, lambda tensor: _reduce_tensor(tensor, op))
 
 
@@ -71,6 +78,38 @@ def gather_for_metrics(value: Any) -> Any:
         The gathered value without repeated samples. In a single process, ``value`` itself.
     """
     return _gather(value, drop=_data.current_padding(), name="gather_for_metrics")
+
+
+def gather_list(items: list) -> list:
+    """Every process's ``items``, concatenated rank by rank: for a list filled one item at a
+    time (hypotheses and references for BLEU, per-sample labels) in an evaluation loop over a
+    prepared loader, gathered once after the loop. Lists gathered this way keep their items
+    paired; evaluation repeats no sample, so the result holds each once (in training, a padded
+    shard's repeats stay in: use :func:`gather_for_metrics` per batch there).
+
+    Args:
+        items: a list of picklable items. Tensors among them travel through the CPU and come
+            back on the device this process's tensors were on (the CPU when they were on
+            several).
+
+    Returns:
+        A new list with every process's items. In a single process, ``items`` itself.
+
+    Raises:
+        DistifyTypeError: ``items`` is not a list.
+    """
+    if not isinstance(items, list):
+        raise DistifyTypeError(f"distify.gather_list takes a list, not {type(items).__name__}")
+    if _state.world_size() == 1:
+        return items
+    if _state.settings().debug:
+        _debug.check("gather_list")
+    devices = {tensor.device for tensor in tensors_in(items)}
+    home = devices.pop() if len(devices) == 1 else torch.device("cpu")
+    portable = map_tensors(items, lambda tensor: tensor.detach().cpu())
+    everyone = _objects.all_gather_object(portable, _state.comm_device())
+    joined = [item for rank_items in everyone for item in rank_items]
+    return joined if home.type == "cpu" else map_tensors(joined, lambda t: t.to(home))
 
 
 def reduce_meters(*meters: Any) -> None:
