@@ -245,6 +245,7 @@ def test_the_hooks_cap_training_loops_keep_evaluation_whole_and_freeze_weights(t
         evaluated = sum(1 for x in loader)  # eval mode, gradients on: evaluation too
         same = all(torch.equal(a, b) for a, b in zip(before[0], model.parameters()))
         print("unchanged", same, torch.equal(before[1], model[1].running_mean), evaluated)
+        print("draw", torch.rand(1).item())  # unseeded: the hooks seed every run alike
     """))
     outputs = {}
     for name, extra in [("capped", {"DISTIFY_VERIFY_STEPS": "2"}),
@@ -258,10 +259,14 @@ def test_the_hooks_cap_training_loops_keep_evaluation_whole_and_freeze_weights(t
                               capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-2000:]
         outputs[name] = proc.stdout, json.loads((records / "rank0.json").read_text())
+    draws = {name: output[0].splitlines()[-1] for name, output in outputs.items()}
+    assert draws["capped"] == draws["frozen"], draws
     stdout, record = outputs["capped"]
+    stdout = stdout.removesuffix(draws["capped"] + "\n")
     assert stdout == "trained 2\nevaluated 10\nunchanged False False 10\n"
     assert "after_eval" in record and record["after_eval"] == []  # recorded in frozen runs only
     stdout, record = outputs["frozen"]
+    stdout = stdout.removesuffix(draws["frozen"] + "\n")
     assert stdout == "trained 3\nevaluated 4\nunchanged True True 4\n"
     assert record["evaluations"] == 2
     # stdout lines from index 0: "evaluated 4" (1) was printed after the first evaluation

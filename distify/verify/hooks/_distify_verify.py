@@ -36,8 +36,11 @@ Started by ``sitecustomize`` (this folder). At exit the process writes ``rank<RA
   statistics; the running statistics stay as built).
 
 It never changes what the script computes (hooks only read; no random numbers), except for the
-caps the user asked for with ``--steps``/``--eval-steps`` and the frozen weights of check 5's
-runs. torch is never imported by this module: the hooks are
+caps the user asked for with ``--steps``/``--eval-steps``, the frozen weights of check 5's
+runs, and the seeds: torch's default generator and Python's ``random`` start from seed 0 in
+every run (an unseeded script then draws alike in each run, as the comparisons need; a script
+that seeds them replaces it; NumPy's is left alone). torch is never imported by this module:
+the hooks are
 installed right after the script's own ``import torch`` (a meta path finder waits for it).
 """
 
@@ -49,6 +52,7 @@ import importlib.abc
 import importlib.util
 import json
 import os
+import random
 import shutil
 import sys
 import threading
@@ -58,6 +62,7 @@ import weakref
 from typing import Any
 
 INPUT_FORWARDS = 3
+SEED = 0  # every run's start: an unseeded script draws alike in every run
 MAX_EPOCHS = 1000  # epoch ends recorded (check 2)
 _WRITE = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 
@@ -159,6 +164,8 @@ def _install() -> None:
         from torch.utils.data import DataLoader
 
         _torch = torch
+        torch.manual_seed(SEED)  # before the script's first draw; its own seed replaces it
+        random.seed(SEED)
         if _frozen:
             from torch.nn.modules.batchnorm import _BatchNorm
 
