@@ -136,3 +136,44 @@ def test_sums_of_losses_equal_where_the_report_says_so(runs) -> None:
     # 64 test samples, batches of 8: every batch is full at 1 and at 2 processes
     _same_metrics(_lines(two, "before training")[0], _lines(original, "before training")[0])
     assert len(two.stdout.splitlines()) == len(original.stdout.splitlines())
+
+
+NESTED = '''def validate(val_loader, model, criterion, args):
+
+    def run_validate(loader, base_progress=0):
+        with torch.no_grad():
+            for i, (images, target) in enumerate(loader):
+                i = base_progress + i
+                output = model(images)
+                loss = criterion(output, target)
+                acc1, acc5 = accuracy(output, target, topk=(1, 5))
+                losses.update(loss.item(), images.size(0))
+                top1.update(acc1[0], images.size(0))
+                top5.update(acc5[0], images.size(0))
+                if i % args.print_freq == 0:
+                    progress.display(i + 1)
+
+    losses = AverageMeter('Loss', ':.4e', Summary.AVERAGE)
+    top1 = AverageMeter('Acc@1', ':6.2f', Summary.AVERAGE)
+    top5 = AverageMeter('Acc@5', ':6.2f', Summary.AVERAGE)
+    progress = ProgressMeter(len(val_loader), [losses, top1, top5], prefix='Test: ')
+    model.eval()
+    run_validate(val_loader)
+    progress.display_summary()
+    return top1.avg
+
+
+'''
+
+
+def test_meters_of_the_enclosing_function_are_reduced_in_a_nested_loop() -> None:
+    """The newer ImageNet example: validate() binds the meters, run_validate() inside it
+    updates them in its loop."""
+    source = (EVAL_TAIL / "imagenet_meters.in.py").read_text()
+    start, end = source.index("def validate("), source.index("def main():")
+    result = convert_source((source[:start] + NESTED + source[end:]).encode(), "nested.py")
+    out = result.output.decode()
+    assert "gather" not in out
+    begin = out.index("def run_validate(")
+    nested = out[begin:out.index("    losses = AverageMeter('Loss'", begin)]
+    assert nested.rstrip().endswith("distify.reduce_meters(losses, top1, top5)")

@@ -99,6 +99,9 @@ class EvalFlow:
             they return is one process's, for one batch.
         evaluating: functions every call of which runs under a no-gradient context or after
             ``model.eval()`` in its caller: their loops are evaluation loops.
+        meters: function name → the meters its body binds (``top1 = AverageMeter(...)``), for
+            a function nested in it that updates them (the ImageNet example's
+            ``run_validate``).
     """
 
     criteria: dict[str, str | None] = field(default_factory=dict)
@@ -106,6 +109,7 @@ class EvalFlow:
     sum_losses: set[str] = field(default_factory=set)
     per_batch: set[str] = field(default_factory=set)
     evaluating: set[str] = field(default_factory=set)
+    meters: dict[str, set[str]] = field(default_factory=dict)
 
 
 def eval_flow(tree: ast.Module, imports: Any, rules: _Matches) -> EvalFlow:
@@ -138,6 +142,12 @@ class FlowFinder:
             off = any(is_eval_context(self.rules, self.imports.ast_qualname(_callee(d)))
                       for d in node.decorator_list)
             self._block(node.body, [off, False])
+            meters = {t.id for stmt in node.body if isinstance(stmt, ast.Assign)
+                      and isinstance(stmt.value, ast.Call)
+                      and (ast_dotted_name(stmt.value.func) or "").endswith("Meter")
+                      for t in stmt.targets if isinstance(t, ast.Name)}
+            if meters:
+                self.flow.meters.setdefault(node.name, set()).update(meters)
 
     def result(self, tree: ast.Module) -> EvalFlow:
         self._block(tree.body, [False, False])

@@ -40,8 +40,11 @@ class MeterMixin(TransformerBase):
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         super().visit_FunctionDef(node)
-        if node.name.value in self.facts.evaluation.evaluating:
+        flow = self.facts.evaluation
+        if node.name.value in flow.evaluating:
             self._scope.saw_eval = True  # its callers evaluate: see the module docstring
+        for outer in self._path[:-1]:  # meters of an enclosing function, updated in here
+            self._scope.meters.update(flow.meters.get(outer, set()) - self._scope.params)
 
     def visit_Assign(self, node: cst.Assign) -> None:
         super().visit_Assign(node)
@@ -63,8 +66,9 @@ class MeterMixin(TransformerBase):
     def _note_meter_display(self, original: cst.Call, result: cst.BaseExpression) -> None:
         """A meter shown inside a loop over a loader: its value there is this process's."""
         loops = [loop for loop in self._loops if loop.loaderish]
-        if not loops or any(loop is loops[-1] for loop in self._meter_noted):
-            return
+        if not loops or not loops[-1].meters \
+                or any(loop is loops[-1] for loop in self._meter_noted):
+            return  # (no meters updated in this loop: none are added up after it)
         func = original.func
         shown: list[str] = []
         if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name):
