@@ -238,3 +238,36 @@ def test_containers_are_summed_elementwise_and_lists_gathered_on_two_processes(r
     assert first["gathered"] == ["r0-0", "r1-0", "r1-1"]
     assert first["gathered_tensors"] == [[0], [1]]
     assert "differ in shape" in first["error"] and "rank 1" in first["error"]
+
+
+def test_item_lists_still_filling_in_an_enclosing_loop_are_reported_not_gathered_twice() -> None:
+    source = (TAIL / "bleu_hypotheses.in.py").read_text()
+    lasting = source.replace("    references = list()  # references", "    # references") \
+        .replace("validate(\"before training\")", "references = list()\nvalidate(\"before\")")
+    assert lasting != source
+    result = convert_source(lasting.encode(), "t.py")
+    assert "gather_list" not in result.output.decode()
+    assert any("`references` is not emptied right before this loop" in n.message
+               for n in result.notes), [n.message for n in result.notes]
+
+
+def test_a_list_made_anew_for_each_sentence_is_not_gathered() -> None:
+    result = _convert("""\
+        import torch
+        from torch.utils.data import DataLoader
+        loader = DataLoader(torch.arange(10).view(5, 2), batch_size=2)
+        model = torch.nn.Linear(1, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        hypotheses = []
+        model.eval()
+        for batch in loader:
+            for row in batch.tolist():
+                words = []
+                for token in row:
+                    words.append(str(token))
+                hypotheses.append(" ".join(words))
+        print(len(hypotheses))
+        """)
+    out = result.output.decode()
+    assert "hypotheses = distify.gather_list(hypotheses)" in out
+    assert "gather_list(words)" not in out and "gather_for_metrics" not in out

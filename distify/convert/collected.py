@@ -71,6 +71,12 @@ class CollectedMixin(TransformerBase):
         for target, value in pairs:
             if isinstance(target, cst.Name) and _is_empty_list(value):  # `refs = list()`
                 self._scope.lists.add(target.value)
+            if isinstance(target, cst.Name):  # where each list starts empty, as for tallies
+                key = f"list:{target.value}"
+                if _is_empty_list(value) or (isinstance(value, cst.List) and not value.elements):
+                    tallies[key] = tuple(id(loop) for loop in self._loops)
+                else:
+                    tallies.pop(key, None)
             if isinstance(target, cst.Name):
                 if self._zero_container(value):
                     tallies[target.value] = tuple(id(loop) for loop in self._loops)
@@ -140,8 +146,8 @@ class CollectedMixin(TransformerBase):
             inner = _InnerAppends()
             node.body.visit(inner)
             lists = self._scope.lists
-            if inner.names & lists:
-                loop.after = sorted((inner.names | inner.outer) & lists)
+            if inner.names & lists:  # every list it fills, to keep them paired
+                loop.after = sorted(inner.names | inner.outer)
                 loop.gathered.update(loop.after)
 
     def _surely_a_loader(self, loop: _Loop) -> bool:
@@ -220,7 +226,19 @@ class CollectedMixin(TransformerBase):
                            f"(`{name} = {self.rt}.gather({name})` after the loop) to keep "
                            "them paired", human=True)
         if loop.after and not loop.has_backward:
-            for name in loop.after:
+            inside = (*outside, id(loop))
+            after = [n for n in loop.after  # not a list made anew in the loop (`words = []`)
+                     if tallies.get(f"list:{n}", ())[:len(inside)] != inside]
+            lasting = [n for n in after if tallies.get(f"list:{n}") != outside]
+            if lasting:  # gathered again every time round: gather none, to keep them paired
+                self._edit(node.target, "gather", f"{', '.join(f'`{n}`' for n in after)} "
+                           "collect this process's items only, and "
+                           f"{', '.join(f'`{n}`' for n in lasting)} is not emptied right before "
+                           "this loop in this function (it is made elsewhere, or goes on filling "
+                           "in an enclosing loop): gather them yourself once they are complete "
+                           f"(`x = {self.rt}.gather_list(x)`)", human=True)
+                return lines
+            for name in after:
                 line = cst.SimpleStatementLine([cst.Assign(
                     targets=[cst.AssignTarget(cst.Name(name))],
                     value=self._rt_call("gather_list", cst.Name(name)))])
@@ -228,7 +246,7 @@ class CollectedMixin(TransformerBase):
                            "loop, rank by rank: it is filled item by item, and the processes' "
                            "inner loops run different numbers of times, so nothing is gathered "
                            "inside; evaluation repeats no sample, so it holds the whole set "
-                           f"once, in the same order as {_others(name, loop.after)}")
+                           f"once, in the same order as {_others(name, after)}")
                 lines.append(line)
         return lines
 
