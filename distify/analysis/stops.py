@@ -45,10 +45,11 @@ or steps its replica apart. It leaves no loop, so it makes none uneven; what fol
 reached alike once it is decided alike. A ``continue`` that skips nothing of the kind (after
 the step's work) stays a branch, as before. A call of a local function that may end the process
 (``sanity_check(x)``, whose ``if torch.isnan(batch).any(): sys.exit(0)`` is an exit from the
-nest's loops) is walked into, at the call's place, with the function's parameters per process
-when an argument is: its exits are the nest's (:attr:`Stop.calls` names the calls that reach
-them; a test reached through several calls is alike only if it is through each). A call of a
-local function that always ends the process (``die(msg)``) is an exit like ``sys.exit``.
+nest's loops) is walked into, at the call's place, each parameter per process when its
+argument is (``check(args, loss)``: ``args.dry_run`` there is still a setting): its exits are
+the nest's (:attr:`Stop.calls` names the calls that reach them; a test reached through several
+calls is alike only if it is through each). A call of a local function that always ends the
+process (``die(msg)``) is an exit like ``sys.exit``.
 
 **How a test is decided.** The global batch's value is what one process training on all the
 processes' batches would see. One ordering comparison of a per-process value with one equal
@@ -503,6 +504,9 @@ class _Walk:
         if isinstance(node, (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)):
             return self._comprehension_varies(node)
         if isinstance(node, cst.Attribute):
+            chain = dotted_name(node)
+            if chain is not None:  # `self.iter_num`: its own value, or all of `self`'s
+                return any(part in self.varying for part in _prefixes(chain))
             return self.varies(node.value)
         return any(self.varies(child) for child in node.children)
 
@@ -548,22 +552,27 @@ class _Walk:
             self.varying = saved
 
     def varying_names(self, node: cst.CSTNode) -> tuple[str, ...]:
-        return tuple(sorted(n for n in read_names(node) if n in self.varying))
+        names = {n for n in read_names(node) if n in self.varying}
+        names |= {chain for chain in _chains(node) if chain in self.varying}
+        return tuple(sorted(names))
 
     def assign(self, target: cst.BaseExpression, varies: bool) -> None:
-        """``target = value``: names strongly, ``a[k] =`` / ``a.b =`` weakly (``a`` may keep
-        per-process parts)."""
-        if isinstance(target, cst.Name):
+        """``target = value``: names and attribute chains strongly (``self.loss = loss``
+        leaves ``self.iter_num`` as it was), ``a[k] =`` weakly (``a`` may keep per-process
+        parts)."""
+        chain = dotted_name(target) if isinstance(target, (cst.Name, cst.Attribute)) else None
+        if chain is not None:
             if varies:
-                self.varying.add(target.value)
+                self.varying.add(chain)
             else:
-                self.varying.discard(target.value)
+                self.varying -= {n for n in self.varying
+                                 if n == chain or n.startswith(f"{chain}.")}
         elif isinstance(target, (cst.Tuple, cst.List)):
             for element in target.elements:
                 value = element.value
                 self.assign(value.value if isinstance(value, cst.StarredElement) else value,
                             varies)
-        elif isinstance(target, (cst.Subscript, cst.Attribute)):
+        elif isinstance(target, (cst.Subscript, cst.Attribute)):  # `a[k] =`, `f().b =`
             root = _root_name(target)
             if root is not None and (varies or (isinstance(target, cst.Subscript) and any(
                     self.varies(element) for element in target.slice))):
@@ -644,7 +653,7 @@ class _Walk:
     def _follow(self, small: cst.BaseSmallStatement, path: _Path) -> None:
         """Walk into the local functions ``small`` calls that may end the process
         (``sanity_check(x)``, whose ``if torch.isnan(batch).any(): sys.exit(0)`` is an exit
-        from the nest's loops), with their parameters per process when an argument is."""
+        from the nest's loops), each parameter per process when its argument is."""
         for call in _calls(small, definitions=False):
             name = _local_callee(call.func)
             if name is None or self.ctx.is_imported(name) \
@@ -653,10 +662,10 @@ class _Walk:
             function = self.ctx.exiting(name)
             if function is None:
                 continue
-            params = _parameters(function)
-            args_vary = any(self.varies(arg.value) for arg in call.args)
+            varying = _varying_parameters(function, call, self.varies)
             saved = (set(self.varying), self.returns, self.depth, self._base)
-            self.varying = (self.varying | params) if args_vary else (self.varying - params)
+            params = _parameters(function)  # they shadow the caller's names
+            self.varying = {n for n in self.varying if n.split(".")[0] not in params} | varying
             self.returns, self.depth, self._base = None, 0, len(self.stack)
             self._via.append((call, name))
             try:
@@ -679,11 +688,13 @@ class _Walk:
             if isinstance(func, cst.Name) and (func.value in _BUILTINS or not (
                     isinstance(small, cst.Expr) and small.value is call)):
                 continue  # `out = model(x)` is called for its result: the model is unchanged
-            root = _root_name(func.value if isinstance(func, cst.Attribute) else func)
+            receiver = func.value if isinstance(func, cst.Attribute) else func
+            root = _root_name(receiver)
             if root is None or root == self.ctx.rt or self.ctx.is_imported(root):
                 continue
             if implicit or any(self.varies(arg.value) for arg in call.args):
-                self.varying.add(root)
+                # `self.losses.append(loss)` changes `self.losses`, not `self.iter_num`
+                self.varying.add(dotted_name(receiver) or root)
 
     def _implicit(self, path: _Path) -> bool:
         """Is a value assigned here per process because only some processes get here, or get
@@ -1137,6 +1148,57 @@ def _merged(old: _Exit, new: _Exit) -> _Exit:
                  new.keeps_going_when_true, new.operand or old.operand if candidate else None,
                  new.depth, new.kind, new.collective, new.how, new.extreme or old.extreme,
                  union(old.calls, new.calls), new.function)
+
+
+def _prefixes(chain: str) -> Iterator[str]:
+    """``a.b.c`` → ``a``, ``a.b``, ``a.b.c``."""
+    parts = chain.split(".")
+    for end in range(1, len(parts) + 1):
+        yield ".".join(parts[:end])
+
+
+def _chains(node: cst.CSTNode) -> set[str]:
+    """The attribute chains a subtree reads (``self.iter_num >= c.max`` → both)."""
+    found: set[str] = set()
+    stack = [node]
+    while stack:
+        node = stack.pop()
+        chain = dotted_name(node) if isinstance(node, cst.Attribute) else None
+        if chain is not None:
+            found.update(_prefixes(chain))
+        else:
+            stack.extend(node.children)
+    return found
+
+
+def _varying_parameters(function: cst.FunctionDef, call: cst.Call,
+                        varies: Callable[[cst.BaseExpression], bool]) -> set[str]:
+    """The parameters of ``function`` that hold a per-process value when ``call`` calls it:
+    each is its own argument's (``check(args, loss)``: ``loss`` is, ``args`` is not); a
+    default is the same everywhere. Every parameter is when the call unpacks (``f(*xs)``)."""
+    if any(arg.star for arg in call.args):
+        return _parameters(function) if any(varies(a.value) for a in call.args) else set()
+    params = function.params
+    positional = [p.name.value for p in (*params.posonly_params, *params.params)]
+    if isinstance(call.func, cst.Attribute) and positional[:1] in (["self"], ["cls"]):
+        positional = positional[1:]  # `self.check(x)`: x is the first after self
+    names = {p.name.value for p in (*params.posonly_params, *params.params,
+                                    *params.kwonly_params)}
+    found: set[str] = set()
+    for index, arg in enumerate(a for a in call.args if a.keyword is None):
+        if varies(arg.value):
+            if index < len(positional):
+                found.add(positional[index])
+            elif isinstance(params.star_arg, cst.Param):
+                found.add(params.star_arg.name.value)
+    for arg in call.args:
+        if arg.keyword is not None and varies(arg.value):
+            name = arg.keyword.value
+            if name in names:
+                found.add(name)
+            elif isinstance(params.star_kwarg, cst.Param):
+                found.add(params.star_kwarg.name.value)
+    return found - {"self", "cls"}
 
 
 def _parameters(function: cst.FunctionDef) -> set[str]:
