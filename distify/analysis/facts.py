@@ -38,6 +38,8 @@ class FileFacts:
     names: set[str] = field(default_factory=set)
     #: identifiers the file binds itself (assignments, defs, parameters, imports)
     bound: set[str] = field(default_factory=set)
+    #: identifiers the file reads (``total`` of ``total += n`` is only bound)
+    read: set[str] = field(default_factory=set)
     #: the file builds DataLoaders (so a function parameter iterated in a loop may be one)
     builds_loaders: bool = False
     #: the longest line, in characters: the file's own line-length habit
@@ -107,6 +109,8 @@ def gather_facts(tree: ast.Module, source: bytes, rules: RuleSet) -> FileFacts:
             facts.names.add(node.id)
             if not isinstance(node.ctx, ast.Load):
                 facts.bound.add(node.id)
+            else:
+                facts.read.add(node.id)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             facts.names.add(node.name)
             facts.bound.add(node.name)

@@ -319,6 +319,9 @@ class TransformerBase(cst.CSTTransformer):
             return self._is_loader_name(node.value) or "loader" in node.value.lower()
         if isinstance(node, cst.Attribute):
             return "loader" in node.attr.value.lower()
+        if isinstance(node, cst.Subscript):  # `dataloaders[phase]`, `loaders["train"]`
+            return isinstance(node.value, (cst.Name, cst.Attribute)) \
+                and self._loaderish(node.value)
         return False
 
     def _note_loader_view(self, names: list[str] | set[str], value: cst.BaseExpression) -> None:

@@ -109,7 +109,8 @@ class LoopMixin(TransformerBase):
                            f"gather them with `{name} = {self.rt}.gather_for_metrics(...)` "
                            "before computing a metric", human=True)
         names = [n for n in loop.accumulators if n not in loop.resets
-                 and n not in loop.own_reduce and (evaluating or self._data_dependent(loop, n))]
+                 and n not in loop.own_reduce and (evaluating or self._data_dependent(loop, n))
+                 and n in self.facts.read]  # a sum nothing reads needs no all-reduce
         reduces = []
         if loop.meters:
             line = cst.SimpleStatementLine(body=[cst.Expr(self._rt_call(

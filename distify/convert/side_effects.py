@@ -43,7 +43,9 @@ from distify.analysis.effects import (
 )
 from distify.analysis.evaluation import is_eval_context
 from distify.analysis.names import dotted_name
+from distify.analysis.stops import calls_in, local_callee
 from distify.convert.base import TransformerBase
+from distify.convert.stops import nodes_in
 from distify.convert.syntax import (
     _EQUAL,
     _callee,
@@ -154,6 +156,9 @@ class SideEffectMixin(TransformerBase):
         self._unit_of: dict[int, DownloadUnit] = {}  # id of each statement of a unit
         self._unit_outputs: dict[int, tuple[cst.CSTNode, DownloadUnit]] = {}
         self._nested_units: set[int] = set()  # ids of units inside another one: part of it
+        self._download_module = node
+        self._smoke_calls: set[int] | None = None  # see _smoke_test_calls
+        self._downloading_functions: set[str] | None = None  # read on the first download
         if may_download(self.rules, self.facts.imports):
             for unit in download_units(node, self.rules, self.facts.imports):
                 self._unit_starts[id(unit.statements[0])] = unit
@@ -205,16 +210,16 @@ class SideEffectMixin(TransformerBase):
     def _rewrite_side_effect_call(self, original: cst.Call, updated: cst.Call,
                                   qual: str) -> cst.BaseExpression | None:
         rules = self.rules
-        if qual == "print" and "print" not in self.facts.bound:  # the builtin, not a local
+        if qual == "print" and "print" not in self.facts.bound \
+                and id(original) not in self._smoke_test_calls():  # the builtin, not a local
             return self._retarget(updated, "print", "print", "print on the main process only",
                                   original)
         if qual in _OPENS and self._is_open(original.func) and not self._in_download:
             new = self._runtime_open(original, updated)
             if new is not None:
                 return new
-        if self._downloads and not self._main_only_depth and (any(
-                arg.keyword and arg.keyword.value == "download" and not _is_false(arg.value)
-                for arg in original.args) or _downloads_itself(rules, qual)):
+        if self._downloads and not self._main_only_depth and self._downloads_here(
+                original, qual) and not self._calls_downloading_function(original):
             self._downloads[-1] = True
         if rules.match("grad_scalers", qual):
             self.own_mixed_precision = True
@@ -588,6 +593,47 @@ class SideEffectMixin(TransformerBase):
                 out.append(stmt)
         return out
 
+    def _smoke_test_calls(self) -> set[int]:
+        """The calls in a model file's smoke test, left as written: a file that trains nothing
+        (no backward, optimizer or DataLoader), its ``if __name__ == "__main__":`` block and
+        the functions only that block calls (``test()``, which prints a forward's shape). Run
+        as a script it is one process; imported, the block does not run."""
+        if self._smoke_calls is None:
+            self._smoke_calls = set()
+            training = self.facts.training
+            if training.backward_count or any(training.optimizer_models.values()) \
+                    or self.facts.builds_loaders:
+                return self._smoke_calls
+            module = self._download_module
+            guards = [s for s in module.body if isinstance(s, cst.If) and _is_main_guard(s)]
+            called = {c.func.value for g in guards for c in calls_in(g)
+                      if isinstance(c.func, cst.Name)}
+            rest = [s for s in module.body if s not in guards]
+            used = {n.value for s in rest for n in nodes_in(s, cst.Name)
+                    if not (isinstance(s, cst.FunctionDef) and n is s.name)}
+            tests = [s for s in rest if isinstance(s, cst.FunctionDef)
+                     and s.name.value in called - used]
+            self._smoke_calls = {id(c) for part in (*guards, *tests) for c in calls_in(part)}
+        return self._smoke_calls
+
+    def _downloads_here(self, call: cst.Call, qual: str | None) -> bool:
+        """A data set built with ``download=...`` (not False), or one that downloads itself."""
+        return any(arg.keyword and arg.keyword.value == "download" and not _is_false(arg.value)
+                   for arg in call.args) or _downloads_itself(self.rules, qual or "")
+
+    def _calls_downloading_function(self, call: cst.Call) -> bool:
+        """``get_dataset(name, download=True)`` of a local function whose own body downloads:
+        that body is put under ``main_process_first`` where it downloads, so the call is not
+        (the main process would wait in one ``main_process_first`` inside another)."""
+        name = local_callee(call.func)
+        if name is None:
+            return False
+        if self._downloading_functions is None:
+            self._downloading_functions = {
+                d.name.value for d in nodes_in(self._download_module, cst.FunctionDef)
+                if any(self._downloads_here(c, self._qual(c.func)) for c in calls_in(d.body))}
+        return name in self._downloading_functions
+
     def _quiet_other_ranks(self, call: cst.Call) -> cst.Call:
         func = call.func  # `logging.basicConfig` → `logging.WARNING`; else the level's name
         warning: cst.BaseExpression = cst.SimpleString('"WARNING"')
@@ -687,6 +733,17 @@ def _file_name(key: str | None) -> str | None:
 def _runs_alone(unit: DownloadUnit) -> bool:
     """Can the unit run on the main process only (nothing after it needs what it binds)?"""
     return not unit.read_after and not unit.leaves
+
+
+def _is_main_guard(node: cst.If) -> bool:
+    """``if __name__ == "__main__":``, either way round."""
+    test = node.test
+    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1 \
+            or not isinstance(test.comparisons[0].operator, cst.Equal):
+        return False
+    sides = {cst.Module([]).code_for_node(side).replace("'", '"')
+             for side in (test.left, test.comparisons[0].comparator)}
+    return sides == {"__name__", '"__main__"'}
 
 
 def _downloads_itself(rules, qual: str) -> bool:

@@ -109,11 +109,11 @@ class StopMixin(TransformerBase):
                 continue
             self._written.discard(key)
             code = _code(stop.test)
-            tests = [n for n in _nodes(rewritten, cst.If) if _code(n.test) == code]
+            tests = [n for n in nodes_in(rewritten, cst.If) if _code(n.test) == code]
             operand = None
             if len(tests) == 1 and stop.operand is not None:
                 wanted = _code(stop.operand)
-                operand = next((n for n in _nodes(tests[0].test, type(stop.operand))
+                operand = next((n for n in nodes_in(tests[0].test, type(stop.operand))
                                 if _code(n) == wanted), None)
             del self._function_stops[key]
             if len(tests) != 1 or (stop.operand is not None and operand is None):
@@ -568,7 +568,7 @@ class _Nodes(cst.CSTVisitor):
         return True
 
 
-def _nodes(root: cst.CSTNode, kind: type) -> list:
+def nodes_in(root: cst.CSTNode, kind: type) -> list:
     """The nodes of type ``kind`` in ``root`` (itself included), in source order."""
     finder = _Nodes(kind)
     root.visit(finder)
