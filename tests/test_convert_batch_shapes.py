@@ -150,6 +150,87 @@ def test_rewrites_with_other_loaders(header: str, body: str, line: str) -> None:
     assert not _batch_notes(result)
 
 
+@pytest.mark.parametrize("body, line", [
+    pytest.param("for x, labels in loader:\n"
+                 "    out = model(x)\n"
+                 "    for i in range(batch_size):\n"
+                 "        print(out[i].argmax().item(), labels[i].item())\n",
+                 "    for i in range(len(labels)):", id="per-sample-loop"),
+    pytest.param("for x, y in loader:\n"
+                 "    loss = 0\n"
+                 "    for j in range(batch_size):\n"
+                 "        loss = loss + model(x[j:j + 1]).sum()\n",
+                 "    for j in range(len(x)):", id="slice-from-the-index"),
+])
+def test_a_loop_over_the_batch_uses_its_length(body: str, line: str) -> None:
+    result, output = _convert(body)
+    assert line in output.splitlines(), output
+    [change] = [c for c in result.changes if c.kind == "batch-size"]
+    assert "this loop indexes the batch" in change.message
+    assert not _batch_notes(result)
+
+
+@pytest.mark.parametrize("body", [
+    pytest.param("for x, labels in loader:\n"
+                 "    for i in range(batch_size):\n"
+                 "        kept.append(i)\n", id="the-index-never-indexes-the-batch"),
+    pytest.param("for x, labels in loader:\n"
+                 "    for i in range(4):\n"
+                 "        kept.append(labels[i])\n", id="a-literal-that-is-not-the-batch-size"),
+    pytest.param("for x, labels in loader:\n"
+                 "    for i in range(batch_size):\n"
+                 "        labels = labels.flip(0)\n"
+                 "        kept.append(labels[i])\n", id="the-batch-rebound-in-the-loop"),
+])
+def test_loops_not_tied_to_the_batch_are_left_alone(body: str) -> None:
+    result, output = _convert(body)
+    assert body in output
+    assert not [c for c in result.changes if c.kind == "batch-size"]
+    assert not _batch_notes(result)
+
+
+def test_a_literal_batch_size_in_a_loop_over_the_batch_is_the_loaders() -> None:
+    header = HEADER.replace("batch_size=batch_size", "batch_size=4")
+    result, output = _convert("for x, labels in loader:\n    for i in range(4):\n"
+                              "        kept.append(labels[i])\n", header)
+    assert "    for i in range(len(labels)):" in output.splitlines()
+
+
+def test_an_unprovable_loop_over_the_batch_is_reported() -> None:
+    result, output = _convert("def train(loader):\n    for x, labels in loader:\n"
+                              "        for i in range(batch_size):\n"
+                              "            kept.append(labels[i])\n")
+    assert "range(batch_size)" in output
+    [note] = _batch_notes(result)
+    assert "use `range(len(labels))`" in note.message
+    assert "cannot tell which DataLoader" in note.message
+    assert "range(batch_size)" in output.splitlines()[note.line - 1]
+
+
+@pytest.mark.parametrize("size", ["batch_size", "args.batch_size", "self.batch_size"])
+def test_a_parameter_sized_by_the_batch_size_is_reported(size: str) -> None:
+    result, output = _convert("class Net(torch.nn.Module):\n"
+                              "    def __init__(self, d=8):\n"
+                              "        super().__init__()\n"
+                              "        self.token = torch.nn.Parameter("
+                              f"torch.randn({size}, 1, d))\n"
+                              "\n    def forward(self, x):\n"
+                              "        return torch.cat([self.token, x], dim=1)\n")
+    [note] = _batch_notes(result)
+    assert note.message.startswith(f"`{size}` sizes this parameter: a parameter cannot follow "
+                                   "the batch")
+    assert "drop_last=True" in note.message
+    assert "nn.Parameter(" in output.splitlines()[note.line - 1]
+
+
+@pytest.mark.parametrize("call", ["torch.nn.Parameter(torch.randn(1, 1, d))",
+                                  "torch.nn.Parameter(torch.zeros(d, batch_size))",
+                                  "torch.nn.Parameter(torch.randn(64, 1, d))"])
+def test_parameters_not_led_by_the_batch_size_are_not_reported(call: str) -> None:
+    result, _ = _convert(f"d = 8\ntoken = {call}\n")
+    assert not _batch_notes(result)
+
+
 def test_rewrite_is_reported_with_its_line() -> None:
     result, output = _convert("for images, labels in loader:\n"
                               "    images = images.reshape(batch_size, -1)\n")

@@ -9,6 +9,10 @@ sizes if it writes the batch size into shapes. Rewritten:
   ``x.view(args.batch_size, 1, 28, 28)``, ``torch.ones(batch_size, 1)``,
   ``torch.full((batch_size,), 1.0)``, ``torch.randn(batch_size, nz, 1, 1)``,
   ``model.init_hidden(batch_size)``) → the batch's own size, ``images.size(0)``.
+- a loop over the batch, ``for i in range(batch_size):`` whose body indexes a tensor of the
+  batch with ``i`` (``labels[i]``, ``out[i:i + 1]``) → ``range(len(labels))`` (a literal counts
+  when it is the loader's own ``batch_size=4``): on one process a short batch would have
+  stopped the original at ``labels[i]``, so the two agree wherever it ran.
 
 Only where that is the same value on one process: the loop iterates (directly, or through
 ``enumerate``/``tqdm``) a DataLoader built in this file with exactly that ``batch_size=`` and
@@ -24,12 +28,17 @@ last batch's noise becomes the batch's size.
 
 Reported, not rewritten: the batch size in a shape where that cannot be proved (a loader
 passed in as a parameter, a custom ``collate_fn``, no tensor known to be the batch, the batch
-size in arithmetic or in another dimension: ``x.view(seq_len, batch_size * 2)``).
+size in arithmetic or in another dimension: ``x.view(seq_len, batch_size * 2)``), or as the
+bound of a loop that indexes the batch; and a parameter whose leading dimension is the
+batch size (``nn.Parameter(torch.randn(batch_size, 1, d))``, a learned token concatenated with
+the batch), wherever it is built: it cannot follow a short batch, so the note suggests
+``drop_last=True`` (a prepared loader then drops the tail that would leave a process a short
+batch) or a size of 1 expanded to the batch.
 
-Deliberately not done: anything outside a loop over a DataLoader (a model or a buffer sized by
-the batch size when it is built), in a ``def`` or ``lambda`` inside one (it may run later),
-uses that are not shapes (``loss / batch_size``, ``range(batch_size)``), and callables not in
-the tables below (a helper ``sample(batch_size)``).
+Deliberately not done: anything else outside a loop over a DataLoader (a buffer sized by the
+batch size when it is built), in a ``def`` or ``lambda`` inside one (it may run later), uses
+that are not shapes (``loss / batch_size``, a ``range(batch_size)`` whose index never indexes
+the batch), and callables not in the tables below (a helper ``sample(batch_size)``).
 """
 
 from __future__ import annotations
@@ -68,6 +77,7 @@ _TENSOR_ATTRS = _KEEPS_BATCH | {"size", "shape", "view", "reshape", "dim", "nume
                                 "unsqueeze", "squeeze", "permute", "transpose", "device",
                                 "dtype", "expand", "sum", "mean", "argmax"}
 _VARIABLE = {"torch.autograd.Variable", "torch.autograd.variable.Variable"}
+_PARAMETERS = {"torch.nn.Parameter", "torch.nn.parameter.Parameter"}
 _WRAPPERS = {"enumerate", "tqdm", "tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "iter"}
 #: a name that holds the configured batch size, whatever the DataLoaders say
 _BATCH_NAME = re.compile(r"batch_?size$", re.IGNORECASE)
@@ -114,6 +124,9 @@ class BatchShapeMixin(TransformerBase):
         self._batch_size_names: set[str] | None = None
         self._loader_names: set[str] | None = None
         self._lambdas = 0  # a lambda runs later, when its names may hold something else
+        #: `for i in range(batch_size)` loops to rewrite → (the batch they index, the bound),
+        #: or to report → the note
+        self._batch_ranges: dict[int, tuple[str, str] | str] = {}
 
     # ------------------------------------------------------------ the loop and its batch
     def visit_For(self, node: cst.For) -> None:
@@ -121,6 +134,7 @@ class BatchShapeMixin(TransformerBase):
         for loop in self._open_batch_loops():  # a loop inside rebinds its target
             self._rebind(loop, _target_names(node.target), None)
         if not self._loops[-1].loaderish:
+            self._note_batch_range(node)
             return
         loader, target = self._unwrap(node.iter, node.target)
         batch_size, why = self._configured_batch_size(loader)
@@ -136,7 +150,44 @@ class BatchShapeMixin(TransformerBase):
     def leave_For(self, original: cst.For, updated: cst.For):
         if self._batch_loops and self._batch_loops[-1].node is original:
             self._batch_loops.pop()
+        found = self._batch_ranges.pop(id(original), None)
+        if found is not None and isinstance(found, str):  # reported, not rewritten
+            self._edit(updated.iter, "batch-size", found, human=True)
+        elif found is not None:
+            batch, bound = found
+            size = cst.Call(func=cst.Name("len"), args=[cst.Arg(cst.Name(batch))])
+            updated = updated.with_changes(iter=updated.iter.with_changes(
+                args=[updated.iter.args[0].with_changes(value=size)]))
+            self._edit(size, "batch-size", f"`{bound}` → `len({batch})`: this loop indexes the "
+                       "batch, and the last batch on a process can be smaller than the batch "
+                       "size (on one process this is the same value)")
         return super().leave_For(original, updated)
+
+    def _note_batch_range(self, node: cst.For) -> None:
+        """``for i in range(batch_size): labels[i]`` inside a loop over a DataLoader: the
+        range is the batch's own length where that is provably the same value (noted for
+        :meth:`leave_For`), else reported. A range whose index never indexes a batch tensor
+        (``for i in range(4): show(images[0])``) is left alone: nothing ties it to the batch."""
+        loops = self._open_batch_loops()
+        it = node.iter
+        if not loops or self._lambdas or not isinstance(node.target, cst.Name) \
+                or not isinstance(it, cst.Call) or not isinstance(it.func, cst.Name) \
+                or it.func.value != "range" or "range" in self.facts.bound \
+                or len(it.args) != 1 or it.args[0].keyword or it.args[0].star:
+            return
+        loop = loops[-1]
+        bound = _code(it.args[0].value)
+        batch = _indexed_batch(node.body, node.target.value, loop.leaves)
+        if batch is None or bound in loop.shadowed:
+            return
+        if bound == loop.batch_size:
+            self._batch_ranges[id(node)] = (batch, bound)
+        elif self._is_batch_name(bound, loop):
+            why = loop.why or f"this loop's DataLoader has batch_size={loop.batch_size}"
+            self._batch_ranges[id(node)] = (
+                f"`{bound}` in this range is the configured batch size, and the loop indexes "
+                f"the batch (`{batch}[...]`), but on several processes the last batch on a "
+                f"process can be smaller: use `range(len({batch}))` (not rewritten: {why})")
 
     def _open_batch_loops(self) -> list[_BatchLoop]:
         depth = len(self._scopes)
@@ -362,6 +413,8 @@ class BatchShapeMixin(TransformerBase):
     def _batch_shape_call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
         """Called for every call left: ``torch.ones(batch_size, 1)`` in a loop over a
         DataLoader → ``torch.ones(images.size(0), 1)``, or a note when not provable."""
+        if self._qual(original.func) in _PARAMETERS and original.args:
+            self._report_sized_parameter(original, updated)
         if not self._batch_loops or self._batch_loops[-1].scope != len(self._scopes) \
                 or self._lambdas:
             return updated
@@ -394,6 +447,24 @@ class BatchShapeMixin(TransformerBase):
         else:
             why = "it is not the leading dimension"
         return self._report_batch_size(updated, name, loop, why)
+
+    def _report_sized_parameter(self, call: cst.Call, anchor: cst.Call) -> None:
+        """``nn.Parameter(torch.randn(batch_size, 1, d))``: a learned tensor sized by the
+        configured batch size (a token concatenated with the batch) cannot follow the batch."""
+        inner = call.args[0].value
+        shape = self._shape_of(inner) if isinstance(inner, cst.Call) else None
+        if shape is None or shape[0] is None or shape[1]:
+            return
+        name = _code(_at(inner, shape[0]))
+        if name.isdigit() or not (_BATCH_NAME.search(name) or name in self._all_batch_sizes()):
+            return
+        self._edit(anchor, "batch-size", f"`{name}` sizes this parameter: a parameter cannot "
+                   "follow the batch, so on several processes a process's last batch, which "
+                   "can be smaller than the batch size, will not fit it (on one process only "
+                   "a data set that the batch size divides does). Pass `drop_last=True` to the "
+                   "DataLoaders it meets (the prepared loader then drops the tail that would "
+                   "leave a process a short batch), or size it 1 and expand it to the batch "
+                   "(`.expand(x.size(0), -1, -1)`)", human=True)
 
     def _report_batch_size(self, call: cst.Call, name: str, loop: _BatchLoop,
                            why: str) -> cst.Call:
@@ -447,6 +518,39 @@ class BatchShapeMixin(TransformerBase):
                         and code not in found:
                     found.append(code)
         return found
+
+
+def _indexed_batch(body: cst.BaseSuite, index: str, leaves: dict[str, bool]) -> str | None:
+    """The batch tensor that ``body`` indexes with ``index`` (``labels[i]``, ``out[i:i + 1]``),
+    when the body does not rebind it; else None."""
+    found = _Indexed(index, leaves)
+    body.visit(found)
+    batch = next((name for name in found.indexed if name not in found.bound), None)
+    return batch
+
+
+class _Indexed(cst.CSTVisitor):
+    def __init__(self, index: str, leaves: dict[str, bool]) -> None:
+        super().__init__()
+        self.index, self.leaves = index, leaves
+        self.indexed: list[str] = []
+        self.bound: set[str] = set()
+
+    def visit_Subscript(self, node: cst.Subscript) -> None:
+        if not isinstance(node.value, cst.Name) or node.value.value not in self.leaves \
+                or not node.slice:
+            return
+        first = node.slice[0].slice
+        key = first.value if isinstance(first, cst.Index) else \
+            first.lower if isinstance(first, cst.Slice) else None
+        if isinstance(key, cst.Name) and key.value == self.index:
+            self.indexed.append(node.value.value)
+
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+        self.bound.update(_target_names(node.target))
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self.bound.update(_target_names(node.target))
 
 
 def _built(call: cst.Call, scope: tuple[str, ...]) -> _Built:
