@@ -56,6 +56,7 @@ import libcst as cst
 from distify.analysis.names import dotted_name
 from distify.convert.base import TransformerBase
 from distify.convert.syntax import _code, _names_in, _strip_parens
+from distify.convert.throughput import counter_lines
 
 #: a comment on the count's line that says it stands for a batch size of the whole step
 _DECLARED_TOTAL = re.compile(r"total|simulat|effective|global batch|larger batch", re.I)
@@ -118,6 +119,15 @@ class AccumulationMixin(TransformerBase):
         self._noted_lines: set[tuple[int, bool]] = set()
         self._line_notes: list[str] = []  # for the line being left
         self._losses = {name for found in self._micro_steps.values() for name in found.losses}
+        loaders = _LoaderNames(self)
+        node.visit(loaders)
+        fed: set[int] = set()
+        for flow in (getattr(self, "_draw_flow", None), getattr(self, "_stream_flow", None)):
+            if flow is not None:
+                fed |= flow.fed_backwards
+        #: lines setting a throughput counter over per-process batches (:mod:`.throughput`)
+        self._counter_lines = counter_lines(node, loaders.loaders, loaders.iterators, fed,
+                                            {f.count for f in self._micro_steps.values()})
 
     def leave_Module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
         """The report's batch-size line: with the count shared out, the per-process batch is
@@ -286,6 +296,11 @@ class AccumulationMixin(TransformerBase):
         for message in self._line_notes:
             self._edit(updated, "accumulation", message)
         self._line_notes = []
+        counter = self._counter_lines.get(id(original))
+        if counter is not None:
+            self._edit(updated, "throughput", f"`{counter}` counts this process's share only "
+                       "(each process trains on batches of its own): the whole job's is × "
+                       f"`{self.rt}.world_size()`")
 
     def _count_all_processes(self, assign: cst.Assign) -> cst.Assign:
         """``tokens_processed = B * T * grad_accum_steps`` → ``... * rt.world_size()``."""
