@@ -271,3 +271,44 @@ def test_a_list_made_anew_for_each_sentence_is_not_gathered() -> None:
     out = result.output.decode()
     assert "hypotheses = distify.gather_list(hypotheses)" in out
     assert "gather_list(words)" not in out and "gather_for_metrics" not in out
+
+
+_METRIC_HELPER = '''\
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def corpus_score(references, hypotheses):
+    hyp_len, matches = 0, 0
+    for ref, hyp in zip(references, hypotheses):
+        hyp_len += len(hyp)
+        matches += sum(1 for a, b in zip(ref, hyp) if a == b)
+    return matches / max(hyp_len, 1)
+
+
+def evaluate(model, data):
+    hypotheses, references = [], []
+    with torch.no_grad():
+        total = 0
+        for x, y in data:
+            total += x.shape[0]
+            hypotheses.append(model(x).argmax(1).tolist())
+            references.append(y.tolist())
+    return corpus_score(references, hypotheses), total
+
+
+loader = DataLoader(TensorDataset(torch.randn(40, 4), torch.randint(0, 3, (40,))), batch_size=8)
+print(evaluate(torch.nn.Linear(4, 3), loader))
+'''
+
+
+def test_a_metric_helper_over_gathered_lists_is_not_a_loop_over_a_shard() -> None:
+    """Its parameters are filled with lists at every call in the file, never a loader: its sums
+    are over the gathered whole set, so neither reduced (that would count N times) nor reported
+    as one shard's; the caller's parameter `data`, given a loader, still is one."""
+    result = convert_source(_METRIC_HELPER.encode(), "train.py")
+    output = result.output.decode()
+    assert "hyp_len = distify.reduce" not in output and "matches = distify.reduce" not in output
+    assert not [c for c in result.changes if "shard only" in c.message]
+    assert "total = distify.reduce(total)" in output
+    assert "hypotheses.append(distify.gather_for_metrics(" in output

@@ -42,6 +42,10 @@ class FileFacts:
     read: set[str] = field(default_factory=set)
     #: the file builds DataLoaders (so a function parameter iterated in a loop may be one)
     builds_loaders: bool = False
+    #: function name → the parameters some call of it in this file fills with a loader (a
+    #: DataLoader built in the call, a name bound to one, a name about loaders); a function
+    #: not in it has no call here that binds its parameters (called from elsewhere)
+    loader_params: dict[str, set[str]] = field(default_factory=dict)
     #: the longest line, in characters: the file's own line-length habit
     longest_line: int = 0
     #: the file seeds a random generator somewhere (``torch.manual_seed``, ``set_seed``, ...)
@@ -164,7 +168,54 @@ def gather_facts(tree: ast.Module, source: bytes, rules: RuleSet) -> FileFacts:
         facts.evaluation = flow.result(tree)
     facts.builds_loaders = any(name.rsplit(".", 1)[-1].encode() in source
                                for name in rules.names("dataloaders"))
+    if facts.builds_loaders:
+        facts.loader_params = _loader_params(tree, facts.imports, rules)
     return facts
+
+
+def _loader_params(tree: ast.Module, imports: ImportMap, rules: RuleSet) -> dict[str, set[str]]:
+    """See :attr:`FileFacts.loader_params`: calls by plain name (``evaluate(model, loader)``)
+    and on ``self`` (``self.evaluate(loader)``), bound to the parameters of the file's
+    functions of that name."""
+    functions: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]] = {}
+    loaders: set[str] = set()
+    calls: list[ast.Call] = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            functions.setdefault(node.name, []).append(node)
+        elif isinstance(node, ast.Call):
+            calls.append(node)
+        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) \
+                and rules.match("dataloaders", imports.ast_qualname(node.value.func)):
+            loaders.update(t.id for t in node.targets if isinstance(t, ast.Name))
+
+    def is_loader(value: ast.expr) -> bool:
+        if isinstance(value, ast.Call):
+            return rules.match("dataloaders", imports.ast_qualname(value.func)) is not None
+        name = _last_name(value)
+        return name is not None and (name in loaders or "loader" in name.lower())
+
+    found: dict[str, set[str]] = {}
+    for call in calls:
+        on_self = isinstance(call.func, ast.Attribute) and isinstance(call.func.value, ast.Name) \
+            and call.func.value.id == "self"
+        name = call.func.id if isinstance(call.func, ast.Name) else \
+            call.func.attr if on_self else None
+        for function in functions.get(name or "", []):
+            params = [a.arg for a in (*function.args.posonlyargs, *function.args.args)]
+            if on_self and params[:1] == ["self"]:
+                params = params[1:]
+            filled = found.setdefault(function.name, set())
+            for param, arg in zip(params, call.args):
+                if isinstance(arg, ast.Starred):
+                    break
+                if is_loader(arg):
+                    filled.add(param)
+            filled.update(k.arg for k in call.keywords if k.arg and is_loader(k.value))
+            if any(isinstance(arg, ast.Starred) for arg in call.args) \
+                    or any(k.arg is None for k in call.keywords):
+                filled.update(params)  # *args / **kwargs: anything may be a loader
+    return found
 
 
 def _last_name(node: ast.expr) -> str | None:

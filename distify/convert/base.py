@@ -305,9 +305,18 @@ class TransformerBase(cst.CSTTransformer):
 
     def _is_loader_name(self, name: str) -> bool:
         if name in self._scope.loaders or (name in self._scope.params
-                                           and self.facts.builds_loaders):
+                                           and self.facts.builds_loaders
+                                           and self._may_get_a_loader(name)):
             return True
         return any(name in scope.loaders for scope in self._scopes[:-1])
+
+    def _may_get_a_loader(self, param: str) -> bool:
+        """Can the current function's parameter ``param`` hold a DataLoader? Not where every
+        call of the function in this file passes something else there (``corpus_bleu(refs,
+        hyps)`` called with lists); yes where one passes a loader, or no call here binds it."""
+        function = self._path[-1] if self._path else ""
+        filled = self.facts.loader_params.get(function)
+        return filled is None or param in filled
 
     def _loaderish(self, node: cst.BaseExpression) -> bool:
         """Is ``node`` a DataLoader, or ``enumerate``/``tqdm``/``zip`` over one?"""
