@@ -296,4 +296,12 @@ def test_a_helper_a_converted_script_imports_too_is_converted(tmp_path: Path) ->
     (root / "single.py").write_bytes(single)
     statuses = _statuses(root)
     assert statuses["single.py"] == "converted"
-    assert statuses["model.py"] == "converted"  # its print is guarded for single.py's job
+    # Shared with train.py's own DDP job (issue 21 item 23): left as written, with the reason;
+    # converted, its runtime calls would run inside a job distify does not set up.
+    assert statuses["model.py"] == "unchanged"
+    planned = {p.source.name: p.result for p in
+               plan_project(root, None, default_rules(), "distify.runtime")}
+    reason = planned["model.py"].reason
+    assert reason.startswith("imported by train.py, which is already distributed")
+    assert "and by single.py, which is converted" in reason
+    assert "distify.backward" not in reason  # model.py has no backward to break train.py

@@ -205,10 +205,14 @@ def _leave_helpers_shared_with_parallel(planned: list[Planned], root: Path) -> l
         lines = _source_lines(result)
         notes = tuple(Item(lines(change.line), *_left_out(change, name))
                       for change in result.changes)
+        harm = (f"would stop {ddp_name}'s own DDP job (distify.backward finds no model "
+                "prepared by distify there)"
+                if any(change.kind == "backward" for change in result.changes) else
+                f"would call distify's runtime inside {ddp_name}'s own DDP job, which distify "
+                "does not set up")
         left[path] = _left_alone(result, (
             f"imported by {ddp_name}, which is {results[ddp].reason}, and by {name}, which is "
-            f"converted: it runs in both jobs, and converted it would stop {ddp_name}'s own DDP "
-            "job (distify.backward finds no model prepared by distify there), so it is left as "
+            f"converted: it runs in both jobs, and converted it {harm}, so it is left as "
             f"written; {name} runs it as written too (the lines below)"), notes)
     return _replaced(planned, left)
 
