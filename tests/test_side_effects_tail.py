@@ -200,3 +200,39 @@ def test_a_project_helper_writes_and_prints_once(runs) -> None:
     assert two.stdout.count(" 3/3") == 2 and original.stdout.count(" 6/6") == 2
     written = (runs["project", "folder"] / "classes.json").read_text()
     assert written == (runs["project", "original-folder"] / "classes.json").read_text()
+
+
+_DOWNLOAD_IN_MAIN = '''\
+import tarfile
+
+import requests
+import torch
+
+if __name__ == "__main__":
+    torch.manual_seed(0)
+    print("Downloading dataset...")
+    with requests.get("https://example.com/cora.tgz", stream=True) as tgz_file:
+        with tarfile.open(fileobj=tgz_file.raw, mode="r:gz") as tgz_object:
+            tgz_object.extractall()
+    features = torch.load("cora.pt")
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.Adam(model.parameters())
+    for epoch in range(3):
+        loss = model(features).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+'''
+
+
+def test_a_download_inside_the_main_block_is_a_unit_of_its_own() -> None:
+    """pytorch/examples' gcn: the fetch sits in `if __name__ == "__main__":` with the training.
+    The unit is the fetch and its extraction, never the whole block (which ran the training on
+    the main process alone while the others waited at the barrier: a hang)."""
+    output = convert_source(_DOWNLOAD_IN_MAIN.encode(), "gcn.py").output.decode()
+    assert ("    with distify.main_process_first():\n"
+            "        if distify.is_main_process():\n"
+            "            with requests.get(") in output
+    assert "\n    model, optimizer = distify.prepare(model, optimizer)\n" in output
+    assert "\n        distify.backward(loss)\n" in output  # in the epoch loop, on every process
+    assert output.count("main_process_first") == 1

@@ -54,9 +54,14 @@ def download_units(module: cst.Module, rules: Any, imports: ImportMap) -> list[D
     """The download units of every block of ``module`` (nested blocks included)."""
     finder = _Finder(rules, imports)
     module.visit(finder)
+    # A statement whose own block holds the download and that runs more than a download
+    # (`if __name__ == "__main__":` around the whole script, a loop that trains) is no part of
+    # a unit: the unit is inside it. Taken whole, the main process alone would run everything
+    # else in it, training included. (`if not os.path.exists(path):` around a fetch is.)
+    kinds = {key: kind for key, kind in finder.kinds.items() if key not in finder.holders}
     units = []
     for body in finder.blocks:
-        units.extend(_units_of(body, finder.kinds))
+        units.extend(_units_of(body, kinds))
     return units
 
 
@@ -89,6 +94,8 @@ class _Finder(cst.CSTVisitor):
         self.rules, self.imports = rules, imports
         self.kinds: dict[int, str] = {}
         self.blocks: list[Sequence[cst.BaseStatement]] = []
+        #: ids of the statements around a block that holds a fetching statement
+        self.holders: set[int] = set()
         self._open: list[list[cst.CSTNode]] = [[]]  # statements being visited, per scope
 
     def on_visit(self, node: cst.CSTNode) -> bool:
@@ -108,6 +115,8 @@ class _Finder(cst.CSTVisitor):
         if isinstance(original, (cst.Module, cst.IndentedBlock)) and any(
                 self.kinds.get(id(stmt)) == "fetch" for stmt in original.body):
             self.blocks.append(original.body)
+            if isinstance(original, cst.IndentedBlock):  # the statements around it hold it
+                self.holders.update(id(stmt) for stmt in self._open[-1] if _runs_more(stmt))
 
     def _see(self, call: cst.Call) -> None:
         kind = self._kind(call)
@@ -130,6 +139,30 @@ class _Finder(cst.CSTVisitor):
                 side_effect(self.rules, callee, cst_shape(call, self.imports)) is not None:
             return "tail"
         return None
+
+
+def _runs_more(stmt: cst.CSTNode) -> bool:
+    """Is ``stmt`` the script's ``if __name__ == "__main__":``, or does it train (a
+    ``.backward(...)`` or ``.step(...)`` call in it)?"""
+    if isinstance(stmt, cst.If) and "__main__" in cst.Module([]).code_for_node(stmt.test):
+        return True
+    return bool(_Trains.find(stmt))
+
+
+class _Trains(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.found = False
+
+    @classmethod
+    def find(cls, node: cst.CSTNode) -> bool:
+        visitor = cls()
+        node.visit(visitor)
+        return visitor.found
+
+    def visit_Call(self, node: cst.Call) -> bool:
+        if isinstance(node.func, cst.Attribute) and node.func.attr.value in ("backward", "step"):
+            self.found = True
+        return not self.found
 
 
 def _bound_names(statements: Sequence[cst.CSTNode]) -> set[str]:
