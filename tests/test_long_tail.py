@@ -128,6 +128,35 @@ def test_a_backward_with_no_model_leaves_the_script_alone() -> None:
     assert convert_source(trained.encode(), "t.py").status != "unchanged"
 
 
+def test_an_autograd_example_beside_a_model_keeps_its_plain_backward() -> None:
+    """yunjey's pytorch_basics: `y = w * x + b; y.backward()` on plain tensors, then a
+    `nn.Linear` trained further down. Only the model's backward goes through the runtime (the
+    plain one, rewritten, raised at 2 processes: no prepared model made that loss)."""
+    source = textwrap.dedent("""\
+        import torch
+        import torch.nn as nn
+
+        x = torch.tensor(1., requires_grad=True)
+        w = torch.tensor(2., requires_grad=True)
+        b = torch.tensor(3., requires_grad=True)
+        y = w * x + b
+        y.backward()
+        print(x.grad)
+
+        linear = nn.Linear(3, 2)
+        optimizer = torch.optim.SGD(linear.parameters(), lr=0.01)
+        pred = linear(torch.randn(10, 3))
+        loss = nn.MSELoss()(pred, torch.randn(10, 2))
+        loss.backward()
+        optimizer.step()
+        """)
+    result = convert_source(source.encode(), "basics.py")
+    out = result.output.decode()
+    assert "\ny.backward()\n" in out and "distify.backward(loss)" in out
+    assert [c.line for c in result.changes if "plain tensors" in c.message] == \
+        [out.splitlines().index("y.backward()") + 1]
+
+
 def test_two_optimizers_on_different_schedules_are_not_accumulation() -> None:
     out = convert_source((LONG_TAIL / "gan_n_critic.in.py").read_bytes(), "t.py").output.decode()
     assert "sync_gradients" not in out  # the critic steps every batch: average every backward

@@ -40,7 +40,48 @@ class LoopMixin(TransformerBase):
         if _is_method_call(func.value, "scale"):  # scaler.scale(loss).backward(): its own AMP
             self._mark_backward()
             return updated
+        if self._tensor_only(func.value) == (True, True):
+            self._edit(updated, "backward", "differentiates plain tensors, not a model's output "
+                       "(an autograd example): left as written; every process computes the same "
+                       "gradients, with nothing to average")
+            return updated
         return self._rewrite_backward(updated, func)
+
+    def _tensor_only(self, node: cst.BaseExpression, depth: int = 0) -> tuple[bool, bool]:
+        """Is ``node`` computed from tensors the file makes with torch (``torch.tensor(1.,
+        requires_grad=True)``) by arithmetic, torch functions and tensor methods alone, with no
+        module, criterion or other call in between (``y = w * x + b``)? ``(only, saw a
+        tensor)``; anything not seen through (a parameter, a loop variable) is not."""
+        node = _strip_parens(node)
+        if depth > 6:
+            return False, False
+        if isinstance(node, (cst.Integer, cst.Float)):
+            return True, False
+        if isinstance(node, cst.Name):
+            value = self._built_from.get((tuple(self._path), node.value)) \
+                or self._built_from.get(((), node.value))
+            return self._tensor_only(value, depth + 1) if value is not None else (False, False)
+        if isinstance(node, cst.BinaryOperation):
+            return _both(self._tensor_only(node.left, depth + 1),
+                         self._tensor_only(node.right, depth + 1))
+        if isinstance(node, cst.UnaryOperation):
+            return self._tensor_only(node.expression, depth + 1)
+        if isinstance(node, cst.Subscript):
+            return self._tensor_only(node.value, depth + 1)
+        if not isinstance(node, cst.Call):
+            return False, False
+        qual = self._qual(node.func) or ""
+        if qual.startswith("torch.") and not qual.startswith(("torch.nn.", "torch.optim.")):
+            if qual.split(".")[-1] in _TENSOR_MAKERS:
+                return True, True
+            result = (True, False)
+            for arg in node.args:
+                if not arg.keyword:
+                    result = _both(result, self._tensor_only(arg.value, depth + 1))
+            return result
+        if isinstance(node.func, cst.Attribute) and not qual.startswith("torch."):
+            return self._tensor_only(node.func.value, depth + 1)  # `(x * x).sum()`, `z.mean()`
+        return False, False
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -360,6 +401,15 @@ class LoopMixin(TransformerBase):
 #: methods and functions whose result is one number per batch, not per sample
 _SCALAR_METHODS = frozenset({"item"})
 _SCALAR_FUNCTIONS = frozenset({"float", "int", "round", "len"})
+
+
+#: torch functions that make a tensor from scratch (``torch.tensor(2., requires_grad=True)``)
+_TENSOR_MAKERS = frozenset({"tensor", "ones", "zeros", "rand", "randn", "randint", "arange",
+                            "linspace", "full", "empty", "eye", "as_tensor", "from_numpy"})
+
+
+def _both(a: tuple[bool, bool], b: tuple[bool, bool]) -> tuple[bool, bool]:
+    return a[0] and b[0], a[1] or b[1]
 
 
 def _per_sample(value: cst.BaseExpression, batch_names: set[str]) -> bool:
