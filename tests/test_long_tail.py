@@ -301,3 +301,34 @@ def test_device_index_is_the_gpus_index_else_the_device() -> None:
         assert torch.zeros(1).to(got).device == expected
     finally:
         _state.reset()
+
+
+def test_sums_of_a_batch_drawn_with_next_are_reduced_together() -> None:
+    """`x, y = next(batches)` in `for i in range(len(loader))`: `total += y.size(0)` adds what
+    the batch gives, as `correct` does; both are summed over the processes (only `correct`
+    was, so `correct / total` printed about N times the accuracy)."""
+    source = textwrap.dedent("""\
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+
+        loader = DataLoader(TensorDataset(torch.randn(40, 8), torch.randint(0, 3, (40,))),
+                            batch_size=4, shuffle=True)
+        model = torch.nn.Linear(8, 3)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for epoch in range(2):
+            correct, total = 0, 0
+            batches = iter(loader)
+            for i in range(len(loader)):
+                x, y = next(batches)
+                out = model(x)
+                loss = torch.nn.functional.cross_entropy(out, y)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                total += y.size(0)
+                correct += (out.argmax(1) == y).sum().item()
+            print(epoch, correct / total)
+        """)
+    out = convert_source(source.encode(), "train.py").output.decode()
+    assert "\n    total = distify.reduce(total)\n" in out
+    assert "\n    correct = distify.reduce(correct)\n" in out

@@ -222,7 +222,7 @@ class LoopMixin(TransformerBase):
     def _data_dependent(loop: _Loop, name: str) -> bool:
         """In training, only sums of what the batch gives (``loss.item()``, ``x.size(0)``) differ
         between processes; ``steps += 1`` counts optimizer steps, the same on every process."""
-        local = (loop.assigned | loop.targets) - {name}
+        local = (loop.assigned | loop.targets | loop.unpacked) - {name}  # `x, y = next(it)`
         return any(_names_in(value) & local for value in loop.added.get(name, ()))
 
     def _reduced_message(self, name: str, loop: _Loop, evaluating: bool) -> str:
