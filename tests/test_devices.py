@@ -371,6 +371,17 @@ def test_a_fresh_model_evaluated_on_prepared_batches_is_reported(after: str,
         assert notes == []
 
 
+def test_a_prepared_model_made_again_under_its_own_name_is_fresh() -> None:
+    """The CIFAR-10 tutorial's way: `net` is trained (prepared), saved, then `net = Net()` and
+    `net.load_state_dict(...)` evaluate the checkpoint on the prepared test loader. From that
+    line `net` is a fresh model on the CPU, whatever the name held before."""
+    source = _FRESH.format(after="").replace("best", "model")
+    result = convert_source(source.encode(), "train.py")
+    notes = [n for n in result.notes if "is a fresh Net" in n.message]
+    assert [n.line for n in notes] == [26], result.notes
+    assert result.output.decode().splitlines()[25] == "model = Net()"
+
+
 def test_what_the_device_notes_report_fails_on_the_standin_and_their_fix_runs(
         tmp_path: Path) -> None:
     """The two notes above are true: under the stand-in, the converted scripts they report stop

@@ -235,7 +235,8 @@ def fresh_models(module: cst.Module, model_classes: set[str], rt: str) -> list[E
     """``net = Net()`` then ``net.load_state_dict(torch.load(...))``: a model the script makes
     again (to evaluate a checkpoint) that is not prepared and not moved (``.to``, ``.cuda``),
     called inside a loop over a prepared loader, whose batches are on the device. One note at
-    the line that makes it. Names are matched over the whole script (not scope by scope)."""
+    the line that makes it. Names are matched over the whole script (not scope by scope), in
+    source order: a prepared ``net`` made again by ``net = Net()`` is fresh from there on."""
     finder = _FreshModels(model_classes, rt)
     module.visit(finder)
     return [Edit(node, "device", FRESH_MESSAGE.format(name=name, cls=cls, rt=rt),
@@ -272,6 +273,10 @@ class _FreshModels(cst.CSTVisitor):
                 elif isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and \
                         value.func.value in self.model_classes and len(names) == 1:
                     self.made[name.value] = (node, value.func.value)
+                    # made again after it was prepared (`net = Net()` to evaluate a saved
+                    # checkpoint, the tutorial's way): from here on it is a fresh model
+                    for seen in (self.prepared, self.moved, self.loaded, self.called_on_batches):
+                        seen.discard(name.value)
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
