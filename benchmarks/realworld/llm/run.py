@@ -1,5 +1,5 @@
 """Convert and run the LLM / transformer / Fabric scripts of manifest.yaml, for the judgement
-table in benchmarks/results/realworld_llm.md.
+table in benchmarks/results/realworld.md (part 2).
 
 For each entry: the files are taken from a bare mirror (`fetch` gives /work/.mirror/OWNER+NAME/repo)
 at the recorded commit into WORK/ID/, the `edits` of the entry (literal replacements, only to
