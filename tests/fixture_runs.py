@@ -15,6 +15,7 @@ pid, to stderr.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from collections.abc import Callable
@@ -78,3 +79,29 @@ def tagged(stderr: str, tag: str) -> dict[str, list[str]]:
         if match:
             found.setdefault(match[1], []).append(match[2])
     return found
+
+
+# ---------------------------------------------------------------- golden conversions
+
+
+def fixture_name(path: Path) -> str:
+    """``NAME`` of ``NAME.in.py`` (test ids)."""
+    return path.name.split(".")[0]
+
+
+def check_golden(source: Path, *, again: str | None = "already-distributed") -> None:
+    """``NAME.in.py`` converts to ``NAME.out.py`` exactly (``DISTIFY_UPDATE_GOLDEN=1`` rewrites
+    the golden file: review its diff), and converting the output again changes nothing (its
+    status ``again``, unless None)."""
+    from distify.convert.engine import convert_source
+
+    expected = source.with_name(source.name.replace(".in.py", ".out.py"))
+    result = convert_source(source.read_bytes(), str(source))
+    if os.environ.get("DISTIFY_UPDATE_GOLDEN"):
+        expected.write_bytes(result.output)
+    assert result.status == "converted"
+    assert result.output.decode() == expected.read_text()
+    second = convert_source(result.output, "converted.py")
+    assert second.output == result.output
+    if again is not None:
+        assert second.status == again

@@ -9,7 +9,6 @@ identical, distinct data, rank 0 alone printing, world size 1 unchanged.
 
 from __future__ import annotations
 
-import os
 import re
 import textwrap
 from pathlib import Path
@@ -17,32 +16,20 @@ from pathlib import Path
 import pytest
 
 from distify.convert.engine import convert_source
-from tests.fixture_runs import Plan, run_side_by_side, tagged
+from tests.fixture_runs import Plan, check_golden, fixture_name, run_side_by_side, tagged
 from tests.helpers import FIXTURES, simulated_rank
 
 HERE = FIXTURES / "accumulation"
 GOLDEN = sorted(HERE.glob("*.in.py"))
-UPDATE = bool(os.environ.get("DISTIFY_UPDATE_GOLDEN"))
-
-
-def _name(path: Path) -> str:
-    return path.name.split(".")[0]
 
 
 def _convert(name: str):
     return convert_source((HERE / f"{name}.in.py").read_bytes(), f"{name}.py")
 
 
-@pytest.mark.parametrize("source", GOLDEN, ids=_name)
+@pytest.mark.parametrize("source", GOLDEN, ids=fixture_name)
 def test_golden_output_and_converting_twice_changes_nothing(source: Path) -> None:
-    expected = source.with_name(source.name.replace(".in.py", ".out.py"))
-    result = convert_source(source.read_bytes(), str(source))
-    if UPDATE:
-        expected.write_bytes(result.output)
-    assert result.status == "converted"
-    assert result.output.decode() == expected.read_text()
-    again = convert_source(result.output, "converted.py")
-    assert (again.status, again.output) == ("already-distributed", result.output)
+    check_golden(source)
 
 
 def _said(result, kind: str) -> list[str]:

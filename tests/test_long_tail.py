@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import textwrap
 from pathlib import Path
 
@@ -10,7 +9,7 @@ import pytest
 
 from distify.convert.engine import convert_source
 from distify.lint import lint_text
-from tests.fixture_runs import Plan, run_side_by_side
+from tests.fixture_runs import Plan, check_golden, fixture_name, run_side_by_side
 from tests.helpers import FIXTURES
 
 UNUSED_IMPORT = FIXTURES / "convert" / "unused_dist_import.in.py"
@@ -39,23 +38,11 @@ def test_a_used_import_still_marks_the_file_distributed() -> None:
 # DISTIFY_UPDATE_GOLDEN=1 and review the diff), NAME.noop.py comes out byte-identical.
 LONG_TAIL = FIXTURES / "long_tail"
 GOLDEN = sorted(LONG_TAIL.glob("*.in.py"))
-UPDATE = bool(os.environ.get("DISTIFY_UPDATE_GOLDEN"))
 
 
-def _name(path: Path) -> str:
-    return path.name.split(".")[0]
-
-
-@pytest.mark.parametrize("source", GOLDEN, ids=_name)
+@pytest.mark.parametrize("source", GOLDEN, ids=fixture_name)
 def test_golden_output_and_converting_twice_changes_nothing(source: Path) -> None:
-    expected = source.with_name(source.name.replace(".in.py", ".out.py"))
-    result = convert_source(source.read_bytes(), str(source))
-    if UPDATE:
-        expected.write_bytes(result.output)
-    assert result.status == "converted"
-    assert result.output.decode() == expected.read_text()
-    again = convert_source(result.output, "converted.py")
-    assert (again.status, again.output) == ("already-distributed", result.output)
+    check_golden(source)
 
 
 def _prepares(result) -> list[str]:

@@ -10,40 +10,27 @@ untrained model, where the pattern allows exactness.
 from __future__ import annotations
 
 import json
-import os
 import textwrap
 from pathlib import Path
 
 import pytest
 
 from distify.convert.engine import convert_source
-from tests.fixture_runs import Plan, run_side_by_side
+from tests.fixture_runs import Plan, check_golden, fixture_name, run_side_by_side
 from tests.helpers import FIXTURES, REPO, clean_env, run_torchrun
 
 TAIL = FIXTURES / "metrics_tail"
 GOLDEN = sorted(TAIL.glob("*.in.py"))
-UPDATE = bool(os.environ.get("DISTIFY_UPDATE_GOLDEN"))
 ELEMENTWISE = REPO / "tests" / "runtime_scripts" / "elementwise_reduce.py"
-
-
-def _name(path: Path) -> str:
-    return path.name.split(".")[0]
 
 
 def _convert(source: str):
     return convert_source(textwrap.dedent(source).encode(), "t.py")
 
 
-@pytest.mark.parametrize("source", GOLDEN, ids=_name)
+@pytest.mark.parametrize("source", GOLDEN, ids=fixture_name)
 def test_golden_output_and_converting_twice_changes_nothing(source: Path) -> None:
-    expected = source.with_name(source.name.replace(".in.py", ".out.py"))
-    result = convert_source(source.read_bytes(), str(source))
-    if UPDATE:
-        expected.write_bytes(result.output)
-    assert result.status == "converted"
-    assert result.output.decode() == expected.read_text()
-    again = convert_source(result.output, "converted.py")
-    assert (again.status, again.output) == ("already-distributed", result.output)
+    check_golden(source)
 
 
 def _claims(result) -> dict[str, str]:
@@ -191,7 +178,7 @@ def test_one_process_returns_the_same_objects() -> None:
         _state.reset()
 
 
-PLANS = {_name(path): Plan() for path in GOLDEN}
+PLANS = {fixture_name(path): Plan() for path in GOLDEN}
 
 
 @pytest.fixture(scope="module")

@@ -21,14 +21,13 @@ a value every process has by construction, no clutter, no false notes.
 
 from __future__ import annotations
 
-import os
 import textwrap
 from pathlib import Path
 
 import pytest
 
 from distify.convert.engine import convert_source
-from tests.fixture_runs import Plan, run_side_by_side
+from tests.fixture_runs import Plan, check_golden, fixture_name, run_side_by_side
 from tests.helpers import FIXTURES, REPO, clean_env, run_torchrun
 
 NOISE = FIXTURES / "noise"
@@ -231,22 +230,12 @@ def test_prints_outside_a_smoke_test_are_still_guarded(source: str) -> None:
 # ------------------------------------------------------------------ golden files
 
 
-def _name(path: Path) -> str:
-    return path.name.split(".")[0]
-
-
-@pytest.mark.parametrize("source", GOLDEN, ids=_name)
+@pytest.mark.parametrize("source", GOLDEN, ids=fixture_name)
 def test_golden_output_and_converting_twice_changes_nothing(source: Path) -> None:
-    expected = source.with_name(source.name.replace(".in.py", ".out.py"))
-    result = convert_source(source.read_bytes(), str(source))
-    if os.environ.get("DISTIFY_UPDATE_GOLDEN"):
-        expected.write_bytes(result.output)
-    assert result.status == "converted"
-    assert result.output.decode() == expected.read_text()
-    assert convert_source(result.output, "converted.py").output == result.output
+    check_golden(source, again=None)
 
 
-@pytest.mark.parametrize("source", NO_OPS, ids=_name)
+@pytest.mark.parametrize("source", NO_OPS, ids=fixture_name)
 def test_no_op_files_convert_to_nothing(source: Path) -> None:
     result = convert_source(source.read_bytes(), str(source))
     assert result.output == source.read_bytes() and not result.changes

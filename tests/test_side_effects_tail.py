@@ -17,7 +17,7 @@ import pytest
 from distify.convert.engine import convert_source
 from distify.convert.project import launch_entry, plan_project, write_planned
 from distify.rules import default_rules
-from tests.fixture_runs import Plan, run_side_by_side
+from tests.fixture_runs import Plan, check_golden, fixture_name, run_side_by_side
 from tests.helpers import FIXTURES, REPO, clean_env, run_python, run_torchrun
 
 TAIL = FIXTURES / "side_effects_tail"
@@ -25,16 +25,9 @@ GOLDEN = sorted(TAIL.glob("*.in.py"))
 UPDATE = bool(os.environ.get("DISTIFY_UPDATE_GOLDEN"))
 
 
-@pytest.mark.parametrize("source", GOLDEN, ids=lambda p: p.name.split(".")[0])
+@pytest.mark.parametrize("source", GOLDEN, ids=fixture_name)
 def test_golden_output_and_converting_twice_changes_nothing(source: Path) -> None:
-    expected = source.with_name(source.name.replace(".in.py", ".out.py"))
-    result = convert_source(source.read_bytes(), str(source))
-    if UPDATE:
-        expected.write_bytes(result.output)
-    assert result.status == "converted"
-    assert result.output.decode() == expected.read_text()
-    again = convert_source(result.output, "converted.py")
-    assert (again.status, again.output) == ("already-distributed", result.output)
+    check_golden(source)
 
 
 def _out(name: str) -> str:
