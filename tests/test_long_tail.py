@@ -64,6 +64,8 @@ def test_an_optimizer_behind_a_flag_beside_manual_sgd_prepares_the_model_on_both
                                  "model = distify.prepare(model)"]
     said = [c.message for c in result.changes if c.kind == "prepare-model"]
     assert any("on every path" in message for message in said), said
+    # the path without an optimizer prepares it in an `else:`: no path prepares it twice
+    assert "\nelse:\n    model = distify.prepare(model)\n" in result.output.decode()
 
 
 def test_a_model_built_only_on_some_paths_is_reported_not_prepared_blindly() -> None:

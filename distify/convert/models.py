@@ -47,6 +47,13 @@ class _IfFrame:
     has_else: bool = False
 
 
+def _with_else(chain: cst.If, lines: list[cst.SimpleStatementLine]) -> cst.If:
+    """``chain`` with ``else:`` holding ``lines`` at its end (after its last ``elif``)."""
+    if isinstance(chain.orelse, cst.If):
+        return chain.with_changes(orelse=_with_else(chain.orelse, lines))
+    return chain.with_changes(orelse=cst.Else(body=cst.IndentedBlock(body=lines)))
+
+
 def _is_none(node: cst.BaseSmallStatement) -> bool:
     value = getattr(node, "value", None)
     return isinstance(value, cst.Name) and value.value == "None"
@@ -154,19 +161,30 @@ class ModelMixin(TransformerBase):
         self._scope.prepared_models.update(frame.before)
         frame.has_else = kind is cst.Else
 
-    def _models_after_branches(self, original: cst.If,
-                               updated: cst.If) -> list[cst.SimpleStatementLine]:
-        """At the end of an ``if`` chain: the prepares a path that falls through lacks."""
+    def _models_after_branches(self, original: cst.If, updated: cst.If,
+                               ) -> tuple[cst.If, list[cst.SimpleStatementLine]]:
+        """At the end of an ``if`` chain: the prepares a path that falls through lacks, as
+        lines after the chain; or, where only the chain's missing ``else`` lacks them
+        (``if args.use_optimizer: ... prepare(model, optimizer)``), as that ``else``, so that no
+        path prepares the model twice."""
         if id(original) in self._elifs or not self._if_frames:
-            return []
+            return updated, []
         frame = self._if_frames.pop()
         branches = frame.branches if frame.has_else else [*frame.branches, (frame.before, False)]
         falling = [prepared for prepared, ends in branches if not ends]
         everywhere = set().union(*(prepared for prepared, _ in branches))
         self._scope.prepared_models.update(everywhere)
         if not falling:
-            return []
+            return updated, []
         somewhere = set().union(*falling) - set.intersection(*falling)
+        lines = self._prepare_lines(updated, frame, somewhere)
+        explicit = [prepared for prepared, ends in frame.branches if not ends]
+        if lines and not frame.has_else and all(somewhere <= prepared for prepared in explicit):
+            return _with_else(updated, lines), []
+        return updated, lines
+
+    def _prepare_lines(self, updated: cst.If, frame: _IfFrame,
+                       somewhere: set[str]) -> list[cst.SimpleStatementLine]:
         lines = []
         for name in sorted(somewhere):
             if not self._bound_before(name, frame.serial):
@@ -178,9 +196,9 @@ class ModelMixin(TransformerBase):
             line = cst.SimpleStatementLine(body=[cst.Assign(
                 targets=[cst.AssignTarget(cst.parse_expression(name))],
                 value=self._rt_call("prepare", cst.parse_expression(name)))])
-            self._edit(line, "prepare-model", f"`{name}` prepared on every path of the `if` "
-                       "above, which builds its optimizer on some paths only: moved to the "
-                       f"device and {DISTRIBUTED} (a second prepare returns it unchanged)")
+            self._edit(line, "prepare-model", f"`{name}` prepared on every path of the `if`, "
+                       "which builds its optimizer on some paths only: moved to the device and "
+                       f"{DISTRIBUTED}")
             lines.append(line)
         return lines
 

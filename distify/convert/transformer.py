@@ -180,7 +180,7 @@ class DistifyTransformer(AccumulationMixin, BatchShapeMixin, CollectedMixin, Mod
         for loop in self._loops:  # re-anchor a recorded step test on the output node
             loop.step_tests = [updated.test if test is original.test else test
                                for test in loop.step_tests]
-        after = self._models_after_branches(original, updated)
+        updated, after = self._models_after_branches(original, updated)
         body = updated.body.body
         if (updated.orelse is None and len(body) == 1 and body[0] in self._emptied):
             return cst.FlattenSentinel(after) if after else cst.RemovalSentinel.REMOVE
