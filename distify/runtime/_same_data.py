@@ -58,7 +58,8 @@ def _fingerprint(tensors: list[torch.Tensor]) -> torch.Tensor:
     """[count, then per tensor (up to 4): numel, sum, position-weighted sum], float64."""
     device = _state.comm_device()
     out = torch.zeros(1 + 3 * _MAX_TENSORS, dtype=torch.float64, device=device)
-    used = [t for t in tensors if t.numel() and not t.is_complex()][:_MAX_TENSORS]
+    used = [t for t in tensors if t.layout == torch.strided and t.numel()  # sparse: no reshape
+            and not t.is_complex()][:_MAX_TENSORS]
     out[0] = len(used)
     with torch.no_grad():
         for i, tensor in enumerate(used):
