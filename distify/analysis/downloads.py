@@ -23,6 +23,7 @@ import libcst as cst
 
 from distify.analysis.effects import cst_shape, side_effect
 from distify.analysis.names import ImportMap, read_names
+from distify.analysis.stops import calls_in
 
 _SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 
@@ -146,23 +147,8 @@ def _runs_more(stmt: cst.CSTNode) -> bool:
     ``.backward(...)`` or ``.step(...)`` call in it)?"""
     if isinstance(stmt, cst.If) and "__main__" in cst.Module([]).code_for_node(stmt.test):
         return True
-    return bool(_Trains.find(stmt))
-
-
-class _Trains(cst.CSTVisitor):
-    def __init__(self) -> None:
-        self.found = False
-
-    @classmethod
-    def find(cls, node: cst.CSTNode) -> bool:
-        visitor = cls()
-        node.visit(visitor)
-        return visitor.found
-
-    def visit_Call(self, node: cst.Call) -> bool:
-        if isinstance(node.func, cst.Attribute) and node.func.attr.value in ("backward", "step"):
-            self.found = True
-        return not self.found
+    return any(isinstance(call.func, cst.Attribute) and call.func.attr.value in ("backward", "step")
+               for call in calls_in(stmt))
 
 
 def _bound_names(statements: Sequence[cst.CSTNode]) -> set[str]:

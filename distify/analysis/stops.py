@@ -335,9 +335,10 @@ class FileFunctions:
         return self._agreeing[name]
 
 
-def calls_in(node: cst.CSTNode) -> list[cst.Call]:
-    """Every call in ``node``, nested definitions included (not lambdas)."""
-    return _calls(node)
+def calls_in(node: cst.CSTNode, definitions: bool = True) -> list[cst.Call]:
+    """Every call in ``node`` (not in lambdas; in nested definitions unless ``definitions`` is
+    false: a ``def`` runs when called, not where it stands)."""
+    return _calls(node, definitions)
 
 
 def local_callee(func: cst.BaseExpression) -> str | None:

@@ -26,6 +26,7 @@ from typing import Any
 import libcst as cst
 
 from distify.analysis.names import dotted_name
+from distify.analysis.stops import calls_in
 from distify.convert.syntax import _LOOP_WRAPPERS, _code, _names_in
 
 _NOUN = r"(tok|toks|tokens?|samples?|examples?|images?|imgs|seqs?|sequences|words|chars)"
@@ -102,16 +103,14 @@ class _Finder(cst.CSTVisitor):
                 source = source.args[0].value
             if _code(source) in self.loaders or _code(source) in self.iterators:
                 return True
-        nexts = _Nexts()
-        node.body.visit(nexts)
+        nexts = [call.args[0].value for call in calls_in(node.body, definitions=False)
+                 if dotted_name(call.func) == "next" and call.args]
         return any(_code(it) in self.iterators or (
             isinstance(it, cst.Call) and dotted_name(it.func) == "iter" and it.args
-            and _code(it.args[0].value) in self.loaders) for it in nexts.sources)
+            and _code(it.args[0].value) in self.loaders) for it in nexts)
 
     def _fed(self, node: cst.For | cst.While) -> bool:
-        calls = _Backwards()
-        node.body.visit(calls)
-        return bool(calls.ids & self.fed)
+        return bool(_backwards(node) & self.fed)
 
 
 def _counter_set(small: cst.BaseSmallStatement) -> tuple[str | None, Any]:
@@ -125,34 +124,10 @@ def _counter_set(small: cst.BaseSmallStatement) -> tuple[str | None, Any]:
 
 
 def _trains(node: cst.For | cst.While) -> bool:
-    calls = _Backwards()
-    node.body.visit(calls)
-    return bool(calls.ids)
+    return bool(_backwards(node))
 
 
-class _Backwards(cst.CSTVisitor):
-    """Ids of ``X.backward(...)`` calls (not in a nested def)."""
-
-    def __init__(self) -> None:
-        self.ids: set[int] = set()
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-        return False
-
-    def visit_Call(self, node: cst.Call) -> None:
-        if isinstance(node.func, cst.Attribute) and node.func.attr.value == "backward":
-            self.ids.add(id(node))
-
-
-class _Nexts(cst.CSTVisitor):
-    """What ``next(...)`` is called on."""
-
-    def __init__(self) -> None:
-        self.sources: list[cst.BaseExpression] = []
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-        return False
-
-    def visit_Call(self, node: cst.Call) -> None:
-        if dotted_name(node.func) == "next" and node.args:
-            self.sources.append(node.args[0].value)
+def _backwards(node: cst.For | cst.While) -> set[int]:
+    """Ids of the ``X.backward(...)`` calls in the loop's body (not in a nested def)."""
+    return {id(call) for call in calls_in(node.body, definitions=False)
+            if isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward"}
