@@ -128,6 +128,12 @@ class AccumulationMixin(TransformerBase):
         #: lines setting a throughput counter over per-process batches (:mod:`.throughput`)
         self._counter_lines = counter_lines(node, loaders.loaders, loaders.iterators, fed,
                                             {f.count for f in self._micro_steps.values()})
+        #: micro-step loops left as written (``--skip accumulation``): plain loops from here on
+        self._skipped_micro: set[int] = set()
+        if "accumulation" in self.skip:
+            self._skipped_micro = set(self._micro_steps)
+            self._micro_steps, self._reduce_at, self._counts, self._count_of_line = {}, {}, {}, {}
+            self._last_loss_lines, self._losses, self._counter_lines = set(), set(), {}
 
     def leave_Module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
         """The report's batch-size line: with the count shared out, the per-process batch is
@@ -169,6 +175,9 @@ class AccumulationMixin(TransformerBase):
         found = self._micro_steps.get(id(original))
         result = super().leave_For(original, updated)
         if found is None:
+            if id(original) in self._skipped_micro:
+                nodes = result.nodes if isinstance(result, cst.FlattenSentinel) else [result]
+                self._skipped("accumulation", nodes[0].target)
             return result
         self._micro_depth -= 1
         # the loop, maybe followed by lines another rewrite adds after it

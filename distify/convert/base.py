@@ -13,6 +13,7 @@ from distify.analysis.effects import MEMORY_FILES
 from distify.analysis.evaluation import is_eval_context
 from distify.analysis.facts import FileFacts
 from distify.analysis.names import dotted_name
+from distify.convert.rewrites import REGISTRY
 from distify.convert.syntax import _LOOP_WRAPPERS, _callee, _code, _is_zero
 from distify.rules import RuleSet
 
@@ -194,11 +195,17 @@ class TransformerBase(cst.CSTTransformer):
     def on_leave_attribute(self, original_node: cst.CSTNode, attribute: str) -> None:
         return None
 
-    def __init__(self, facts: FileFacts, rules: RuleSet, rt: str) -> None:
+    def __init__(self, facts: FileFacts, rules: RuleSet, rt: str,
+                 skip: frozenset[str] = frozenset()) -> None:
         super().__init__()
         self.facts = facts
         self.rules = rules
         self.rt = rt
+        #: the rewrites turned off (``--skip``; names of :mod:`distify.convert.rewrites`)
+        self.skip = skip
+        #: (rewrite, id of the statement) where a skip was reported → that statement (kept
+        #: alive, so that its id is not reused)
+        self._skip_sites: dict[tuple[str, int], cst.CSTNode] = {}
         self.edits: list[Edit] = []
         #: index of the first top-level statement that runs at import time and uses the
         #: runtime (where its import must already be done); len(body) when there is none
@@ -270,6 +277,31 @@ class TransformerBase(cst.CSTTransformer):
         """The call with its arguments on the next line, one indent deeper (hanging indent)."""
         return call.with_changes(whitespace_before_args=cst.ParenthesizedWhitespace(
             indent=True, last_line=cst.SimpleWhitespace(self._indent_unit)))
+
+    def _skipped(self, name: str, node: cst.CSTNode) -> bool:
+        """Is rewrite ``name`` turned off? Asked where it would change ``node`` (which stays as
+        written): the report then says so on that line, with what the place keeps doing."""
+        if name not in self.skip:
+            return False
+        statement = self._statements[-1] if self._statements else node
+        if (name, id(statement)) not in self._skip_sites:  # said once a statement
+            self._skip_sites[name, id(statement)] = statement
+            self.edits.append(Edit(node, "skipped", f"rewrite `{name}` skipped: left as "
+                                   f"written, so {REGISTRY[name].SKIPPED}", True))
+        return True
+
+    def _unless_skipped(self, name: str, node: cst.CSTNode, rewrite: Callable[[], Any]):
+        """What ``rewrite()`` (rewrite ``name``) makes of ``node``; or, when that rewrite is
+        skipped and it changed something, ``node`` as it was, with the report lines it recorded
+        dropped (None, for "nothing changed", is passed on). For rewrites whose only other
+        state is bookkeeping about their own output."""
+        mark = len(self.edits)
+        rewritten = rewrite()
+        if rewritten is None or rewritten is node or name not in self.skip:
+            return rewritten
+        del self.edits[mark:]
+        self._skipped(name, node)
+        return node
 
     def _edit(self, node: cst.CSTNode, kind: str, message: str, human: bool = False) -> None:
         self.edits.append(Edit(node, kind, message, human))

@@ -153,7 +153,7 @@ class BatchShapeMixin(TransformerBase):
         found = self._batch_ranges.pop(id(original), None)
         if found is not None and isinstance(found, str):  # reported, not rewritten
             self._edit(updated.iter, "batch-size", found, human=True)
-        elif found is not None:
+        elif found is not None and not self._skipped("batch-shapes", updated.iter):
             batch, bound = found
             size = cst.Call(func=cst.Name("len"), args=[cst.Arg(cst.Name(batch))])
             updated = updated.with_changes(iter=updated.iter.with_changes(
@@ -429,6 +429,8 @@ class BatchShapeMixin(TransformerBase):
                 and lead_code not in loop.shadowed and not reported_only:
             batch = self._batch_tensor(original, loop)
             replaced = _replace_at(updated, path, _size_of(batch)) if batch else None
+            if replaced is not None and self._skipped("batch-shapes", updated):
+                return updated
             if replaced is not None:
                 self._edit(_at(replaced, path), "batch-size", f"`{lead_code}` → "
                            f"`{batch}.size(0)`: the last batch on a process can be smaller "

@@ -64,7 +64,7 @@ class StreamShardMixin(TransformerBase):
                        "over the processes, so every process trains on the same batches. If "
                        f"that use works on each process's share, wrap the stream in "
                        f"`{self.rt}.shard_stream(...)` before batchify", human=True)
-        elif key in flow.shard:
+        elif key in flow.shard and not self._skipped("shard-stream", updated):
             return self._shard(updated, *flow.shard[key], flow.whole)
         return updated
 

@@ -189,6 +189,8 @@ class CollectedMixin(TransformerBase):
                        f"gather it yourself (`{name} = {self.rt}.gather({name})` after the loop, "
                        "rank by rank) before computing a metric", human=True)
             return updated
+        if self._skipped("gather-predictions", updated):
+            return updated
         gathered = self._rt_call("gather_for_metrics", part)
         new_value = _replace_piece(value, holder, index, gathered)
         for each in self._loops:

@@ -323,6 +323,8 @@ class DeviceMixin(TransformerBase):
         if updated.args and self._chosen_by_flag(updated.args[0].value):
             return None  # torch.device("cpu" if not rt.device_choice(...) else rt.device().type)
         if _selects_accelerator(original, qual):
+            if self._skipped("device", updated):
+                return None
             new = self._rt_call("device")
             self._edit(new, "device", "each process uses its own device")
             return new
@@ -334,6 +336,10 @@ class DeviceMixin(TransformerBase):
 
     def _rewrite_device_method(self, updated: cst.Call, func: cst.Attribute,
                                method: str) -> cst.BaseExpression | None:
+        if method in ("cuda", "to") and "device" in self.skip:
+            if method == "cuda" or (updated.args and _is_gpu(updated.args[0])):
+                self._skipped("device", updated)
+            return None
         if method == "cuda":
             new = updated.with_changes(func=func.with_changes(attr=cst.Name("to")),
                                        args=[cst.Arg(self._rt_call("device"))])
@@ -362,11 +368,13 @@ class DeviceMixin(TransformerBase):
         if len(updated.targets) != 1:
             return updated
         self._remember_flag(updated.targets[0].target, updated.value)
+        return self._unless_skipped("device", updated, lambda: self._device_assign(updated))
+
+    def _device_assign(self, updated: cst.Assign) -> cst.Assign:
         choice = self._device_choice(updated.value)
         if choice is not None:
             return updated.with_changes(value=choice)
-        name = _last_name(updated.targets[0].target)
-        return self._setting(updated, name)
+        return self._setting(updated, _last_name(updated.targets[0].target))
 
     def _device_choice(self, value: cst.BaseExpression) -> cst.BaseExpression | None:
         """``use_cuda = not args.no_cuda and torch.cuda.is_available()`` →
@@ -449,7 +457,8 @@ class DeviceMixin(TransformerBase):
         """``device: str = "cuda"`` in a config class, as an assignment."""
         if updated.value is None:
             return updated
-        return self._setting(updated, _last_name(updated.target))
+        return self._unless_skipped(
+            "device", updated, lambda: self._setting(updated, _last_name(updated.target)))
 
     def _setting(self, node, name: str):
         value = node.value
@@ -469,15 +478,19 @@ class DeviceMixin(TransformerBase):
         """``{"device": "cuda:0", ...}`` (a config dict) → ``{"device": rt.device().type}``."""
         key = updated.key
         if isinstance(key, cst.SimpleString) and key.evaluated_value in _DEVICE_SETTINGS:
-            new = self._device_name(updated.value)
-            if new is not None:
-                return updated.with_changes(value=new)
+            return self._unless_skipped("device", updated, lambda: self._device_entry(updated))
         return updated
+
+    def _device_entry(self, updated: cst.DictElement) -> cst.DictElement:
+        new = self._device_name(updated.value)
+        return updated if new is None else updated.with_changes(value=new)
 
     def leave_Arg(self, original: cst.Arg, updated: cst.Arg) -> cst.Arg:
         """``torch.zeros(3, device="cuda:0")`` → ``device=rt.device()``."""
         if updated.keyword is not None and updated.keyword.value == "device" \
                 and _is_device_string(updated.value):
+            if self._skipped("device", updated):
+                return updated
             new = updated.with_changes(value=self._rt_call("device"))
             self._edit(new.value, "device", "each process uses its own device")
             return new
@@ -519,6 +532,10 @@ class DeviceMixin(TransformerBase):
 
     def leave_IfExp(self, original: cst.IfExp, updated: cst.IfExp) -> cst.BaseExpression:
         """``"cuda" if cond else "cpu"`` → ``rt.device()``."""
+        return self._unless_skipped("device", updated,
+                                    lambda: self._device_if_exp(original, updated))
+
+    def _device_if_exp(self, original: cst.IfExp, updated: cst.IfExp) -> cst.BaseExpression:
         branches = (original.body, original.orelse)
         if not any(_is_cpu(b) for b in branches):
             return updated

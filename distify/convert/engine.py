@@ -81,7 +81,7 @@ class FileResult:
 
 def convert_source(source: bytes, path: str = "<string>", rules: RuleSet | None = None,
                    runtime_module: str = "distify.runtime", *,
-                   helper: bool = False) -> FileResult:
+                   helper: bool = False, skip: frozenset[str] = frozenset()) -> FileResult:
     """Convert one script's source.
 
     Args:
@@ -92,6 +92,8 @@ def convert_source(source: bytes, path: str = "<string>", rules: RuleSet | None 
             conversion that copies the runtime beside the output).
         helper: a project's module that a converted script imports: converted (its prints and
             file writes) even when it imports no torch.
+        skip: rewrites turned off (names of :mod:`distify.convert.rewrites`, checked by the
+            caller with :func:`~distify.convert.rewrites.select_skips`).
 
     Raises:
         UserError: the source is not valid Python (the message carries ``path:line:col``).
@@ -115,7 +117,7 @@ def convert_source(source: bytes, path: str = "<string>", rules: RuleSet | None 
             "differentiates plain tensors, as an autograd example does"))
     module = _parse_cst(source, path)
     rt = next((n for n in _RUNTIME_NAMES if n not in facts.names), "_distify_runtime")
-    transformer = DistifyTransformer(facts, rules, rt)
+    transformer = DistifyTransformer(facts, rules, rt, skip)
     with _deep_recursion(path):
         result = _rewrite(path, source, module, transformer, runtime_module)
     return dataclasses.replace(result, imports=imports, helper=helper)
@@ -133,7 +135,9 @@ def _rewrite(path: str, source: bytes, module: cst.Module, transformer: DistifyT
                           runtime_module=runtime_module)
     edits = transformer.edits
     if _prepares(transformer):
-        if stays_on_cpu(module) and _runs_as_a_script(module):
+        if "device" in transformer.skip:
+            pass  # the script's own device choices stay, and so does the CPU
+        elif stays_on_cpu(module) and _runs_as_a_script(module):
             updated, line = _stay_on_cpu(updated, rt)
             edits = [*edits, Edit(line, "device", CPU_MESSAGE.format(rt=rt))]
         else:

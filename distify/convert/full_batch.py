@@ -42,6 +42,8 @@ class FullBatchMixin(TransformerBase):
     def _reported_full_batch(self, node: cst.CSTNode) -> bool:
         """At a backward pass in loops not fed by a DataLoader: if they train full-batch, say
         so (once per loop nest) and return True."""
+        if "full-batch" in self.skip:  # said as for any loop not fed by a DataLoader
+            return False
         outermost = self._loop_nodes[-len(self._loops)]  # this function's outermost loop
         if id(outermost) in self._full_batch_nests:
             return True

@@ -35,12 +35,18 @@ from distify.convert.syntax import (
 LOADER_ELSEWHERE = "data-elsewhere"
 
 
+#: the rewrite (:mod:`distify.convert.rewrites`) of a line added after a loop, by its kind
+_METRIC_REWRITES = {"reduce": "reduce-metrics", "gather": "gather-predictions"}
+
+
 class LoopMixin(TransformerBase):
     def _rewrite_backward_call(self, updated: cst.Call, func: cst.Attribute) -> cst.Call:
         if _is_method_call(func.value, "scale"):  # scaler.scale(loss).backward(): its own AMP
             self._mark_backward()
             return updated
         if self._tensor_only(func.value) == (True, True):
+            if "backward" in self.skip:
+                return updated
             self._edit(updated, "backward", "differentiates plain tensors, not a model's output "
                        "(an autograd example): left as written; every process computes the same "
                        "gradients, with nothing to average")
@@ -153,6 +159,7 @@ class LoopMixin(TransformerBase):
                  and n not in loop.own_reduce and (evaluating or self._data_dependent(loop, n))
                  and n in self.facts.read]  # a sum nothing reads needs no all-reduce
         reduces = []
+        mark = len(self.edits)
         if loop.meters:
             line = cst.SimpleStatementLine(body=[cst.Expr(self._rt_call(
                 "reduce_meters", *(cst.Name(n) for n in loop.meters)))])
@@ -169,6 +176,9 @@ class LoopMixin(TransformerBase):
             for outer in self._loops:
                 outer.meters = [n for n in outer.meters if n not in loop.meters]
         reduces += self._after_loop_metrics(updated, loop, evaluating)  # see .collected
+        reduces = self._unless_lines_skipped(reduces, mark, updated.target)
+        if names and self._skipped("reduce-metrics", updated.target):
+            names = []
         if not names and not reduces:
             return updated
         for name in names:
@@ -208,6 +218,8 @@ class LoopMixin(TransformerBase):
                 or _is_rt_call(value, self.rt, "gather_for_metrics"):
             return None
         name = func.value.value
+        if self._skipped("gather-predictions", updated):
+            return None
         for each in self._loops:
             each.gathered.add(name)
         new = updated.with_changes(args=[updated.args[0].with_changes(
@@ -217,6 +229,23 @@ class LoopMixin(TransformerBase):
                    "within a batch they come process by process, so pair them with labels "
                    "collected the same way, not with the data set's order")
         return new
+
+    def _unless_lines_skipped(self, lines: list[cst.BaseStatement], mark: int,
+                              anchor: cst.CSTNode) -> list[cst.BaseStatement]:
+        """The lines to add after a loop, less those of a skipped rewrite (by the kind of the
+        report line each one got since ``mark``; that line is dropped too)."""
+        if not self.skip:
+            return lines
+        kinds = {id(edit.node): edit.kind for edit in self.edits[mark:]}
+        kept = []
+        for line in lines:
+            name = _METRIC_REWRITES.get(kinds.get(id(line), ""))
+            if name is None or name not in self.skip:
+                kept.append(line)
+                continue
+            self.edits = [edit for edit in self.edits if edit.node is not line]
+            self._skipped(name, anchor)
+        return kept
 
     @staticmethod
     def _data_dependent(loop: _Loop, name: str) -> bool:
@@ -317,6 +346,8 @@ class LoopMixin(TransformerBase):
             # sync would leave the critic's gradients unaveraged. Averaging on every backward
             # is always correct; only accumulation may skip it.
             return loop_node
+        if self._skipped("accumulation", test):
+            return loop_node
         sync = cst.SimpleStatementLine([cst.Expr(self._rt_call("sync_gradients",
                                                                _strip_parens(test)))])
         self._edit(sync, "accumulation", "gradient accumulation: gradients are synchronised "
@@ -347,6 +378,9 @@ class LoopMixin(TransformerBase):
                 loop.added.setdefault(name, []).append(node.value)
 
     def _rewrite_backward(self, updated: cst.Call, func: cst.Attribute) -> cst.Call:
+        if self._skipped("backward", updated):
+            self._mark_backward(updated)
+            return updated
         new = cst.Call(func=self._rt_attr("backward"),
                        args=[cst.Arg(func.value), *updated.args])
         self._edit(new, "backward", "backward through the runtime (loss scaling under fp16)")

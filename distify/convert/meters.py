@@ -66,7 +66,7 @@ class MeterMixin(TransformerBase):
     def _note_meter_display(self, original: cst.Call, result: cst.BaseExpression) -> None:
         """A meter shown inside a loop over a loader: its value there is this process's."""
         loops = [loop for loop in self._loops if loop.loaderish]
-        if not loops or not loops[-1].meters \
+        if "reduce-metrics" in self.skip or not loops or not loops[-1].meters \
                 or any(loop is loops[-1] for loop in self._meter_noted):
             return  # (no meters updated in this loop: none are added up after it)
         func = original.func

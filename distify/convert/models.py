@@ -169,6 +169,9 @@ class ModelMixin(TransformerBase):
         path prepares the model twice."""
         if id(original) in self._elifs or not self._if_frames:
             return updated, []
+        if "prepare-model" in self.skip:  # nothing was prepared in the branches
+            self._if_frames.pop()
+            return updated, []
         frame = self._if_frames.pop()
         branches = frame.branches if frame.has_else else [*frame.branches, (frame.before, False)]
         falling = [prepared for prepared, ends in branches if not ends]
@@ -221,6 +224,8 @@ class ModelMixin(TransformerBase):
         for name, index in built:
             if BuildSite(path, name, index) not in sites or name in self._scope.prepared_models:
                 continue
+            if self._skipped("prepare-model", updated):
+                return None
             self._scope.prepared_models.add(name)
             body = updated.body
             assign = body[0] if len(body) == 1 else None
@@ -270,7 +275,8 @@ class ModelMixin(TransformerBase):
         optimizer)`` (an optimizer the rules do not know, built by a call)."""
         target = self._statement_target_of(stmt)
         value = stmt.body[0].value if target else None
-        if not target or (isinstance(value, cst.Call) and _is_rt_prepare(value, self.rt)):
+        if not target or (isinstance(value, cst.Call) and _is_rt_prepare(value, self.rt)) \
+                or self._skipped("prepare-model", stmt):
             return None
         names = [cst.parse_expression(n) for n in (*models, target)]
         line = cst.SimpleStatementLine(body=[cst.Assign(

@@ -30,8 +30,11 @@ class PrepareMixin(TransformerBase):
                          qual: str) -> cst.BaseExpression | None:
         rules = self.rules
         if rules.match("dataloaders", qual):
+            if self._skipped("prepare-dataloader", updated):
+                return None
             return self._prepare_loader(original, updated)
-        if rules.match("data_parallel", qual) and updated.args:
+        if rules.match("data_parallel", qual) and updated.args \
+                and not self._skipped("data-parallel", updated):
             # Kept as written: prepared, it drives one device per process and the module it
             # wraps runs under DDP; `.module` and the `module.` checkpoint keys stay.
             self._edit(updated, "data-parallel", f"{qual} kept: once prepared it uses one "
@@ -39,10 +42,14 @@ class PrepareMixin(TransformerBase):
                        "checkpoint keys are unchanged")
             return updated
         if rules.match("data_parallel_functions", qual):
+            if self._skipped("data-parallel", updated):
+                return None
             return self._plain_call(updated, qual)
         if self._in_model_class():
             return None
         if rules.match("optimizers", qual):
+            if self._skipped("prepare-model", updated):
+                return None
             models = self._trained_models(original)
             if self._pending_models and models:
                 self._pending_models[-1].extend(models)
@@ -52,6 +59,8 @@ class PrepareMixin(TransformerBase):
                        "loss scaling when enabled)")
             return wrapped
         if rules.match("schedulers", qual):
+            if self._skipped("prepare-scheduler", updated):
+                return None
             wrapped = self._wrap_prepare(updated)
             self._edit(wrapped, "prepare-scheduler", "LR scheduler prepared: one step per call, "
                        "none after a skipped optimizer step")

@@ -57,6 +57,8 @@ from distify.convert.syntax import (
     _with_trailing_comma,
 )
 
+#: the rewrite (:mod:`distify.convert.rewrites`) each replacement below belongs to, by kind
+_REWRITE_OF = {"save": "save-load", "load": "save-load", "clip": "grad-clipping"}
 #: rule category, report kind, why: calls replaced one for one by the runtime's function
 _RUNTIME_REPLACEMENTS = (
     ("saves", "save", "saved by the main process only, written atomically"),
@@ -159,7 +161,7 @@ class SideEffectMixin(TransformerBase):
         self._download_module = node
         self._smoke_calls: set[int] | None = None  # see _smoke_test_calls
         self._downloading_functions: set[str] | None = None  # read on the first download
-        if may_download(self.rules, self.facts.imports):
+        if may_download(self.rules, self.facts.imports) and "downloads" not in self.skip:
             for unit in download_units(node, self.rules, self.facts.imports):
                 self._unit_starts[id(unit.statements[0])] = unit
                 for stmt in unit.statements:
@@ -212,6 +214,8 @@ class SideEffectMixin(TransformerBase):
         rules = self.rules
         if qual == "print" and "print" not in self.facts.bound \
                 and id(original) not in self._smoke_test_calls():  # the builtin, not a local
+            if self._skipped("print", updated):
+                return None
             return self._retarget(updated, "print", "print", "print on the main process only",
                                   original)
         if qual in _OPENS and self._is_open(original.func) and not self._in_download:
@@ -219,7 +223,8 @@ class SideEffectMixin(TransformerBase):
             if new is not None:
                 return new
         if self._downloads and not self._main_only_depth and self._downloads_here(
-                original, qual) and not self._calls_downloading_function(original):
+                original, qual) and not self._calls_downloading_function(original) \
+                and not self._skipped("downloads", updated):
             self._downloads[-1] = True
         if rules.match("grad_scalers", qual):
             self.own_mixed_precision = True
@@ -228,7 +233,8 @@ class SideEffectMixin(TransformerBase):
                        "distify's --mixed-precision at 'no' so the loss is not scaled twice",
                        human=True)
             return None
-        if rules.match("progress_bars", qual) and not _has_keyword(updated, "disable"):
+        if rules.match("progress_bars", qual) and not _has_keyword(updated, "disable") \
+                and not self._skipped("progress-bars", updated):
             new = updated.with_changes(args=[*_with_trailing_comma(updated.args), cst.Arg(
                 keyword=cst.Name("disable"), value=cst.UnaryOperation(
                     cst.Not(), self._rt_call("is_main_process")),
@@ -236,18 +242,19 @@ class SideEffectMixin(TransformerBase):
             self._edit(new, "progress", "progress bar shown on the main process only")
             return new
         if rules.match("logging_setup", qual) and _has_keyword(updated, "level"):
-            return self._quiet_other_ranks(updated)
+            return None if self._skipped("logging", updated) else self._quiet_other_ranks(updated)
         if rules.match("timestamps", qual) and qual.endswith("strftime"):
-            return self._agree(updated)
+            return None if self._skipped("timestamps", updated) else self._agree(updated)
         kind = self._side_effect(original)
         if kind is not None and not self._main_only_depth and not self._statement_call:
-            if kind == "tracker":
+            if kind == "tracker" and not self._skipped("guard-side-effects", updated):
                 new = updated.with_changes(func=self._rt_call("on_main_process", updated.func))
                 self._edit(new, "guard", f"{qual}(...) runs on the main process only (other "
                            "processes get an object that ignores every call)")
                 return new
-            self._edit(updated, "side-effect", f"{qual}(...) writes on every process: guard "
-                       f"it with `if {self.rt}.is_main_process():`", human=True)
+            if kind != "tracker":
+                self._edit(updated, "side-effect", f"{qual}(...) writes on every process: "
+                           f"guard it with `if {self.rt}.is_main_process():`", human=True)
         elif kind is None and not self._main_only_depth:
             self._report_unknown_logger(updated, qual)
         if rules.match("saves", qual) and self._into_memory(original):
@@ -255,6 +262,8 @@ class SideEffectMixin(TransformerBase):
         for category, kind, what in _RUNTIME_REPLACEMENTS:
             entry = rules.match(category, qual)
             if entry is not None and entry.get("runtime"):
+                if self._skipped(_REWRITE_OF[kind], updated):
+                    return None
                 name = entry.get("runtime")
                 caveat = None
                 if name in ("save", "load"):
@@ -300,7 +309,8 @@ class SideEffectMixin(TransformerBase):
         """``datetime.now().strftime(...)`` → the main process's reading."""
         receiver = original.func.value
         if isinstance(receiver, cst.Call) and \
-                self.rules.match("timestamps", self._qual(receiver.func)):
+                self.rules.match("timestamps", self._qual(receiver.func)) \
+                and not self._skipped("timestamps", updated):
             return self._agree(updated)
         return None
 
@@ -378,6 +388,8 @@ class SideEffectMixin(TransformerBase):
         else:
             self._report_unmatched_read(original, updated)
             return None
+        if self._skipped("file-writes", updated):
+            return None
         return self._retarget(updated, "open", "write", f"open → {self.rt}.open: {what}")
 
     def _reads_a_written_path(self, path: cst.BaseExpression) -> bool:
@@ -433,7 +445,7 @@ class SideEffectMixin(TransformerBase):
         if self._main_only_depth or len(original.body) != 1:
             return None
         small = original.body[0]
-        if not self._is_side_effect_stmt(small):
+        if not self._is_side_effect_stmt(small) or self._skipped("guard-side-effects", updated):
             return None
         if not isinstance(small, cst.Expr):  # `wandb.run.name = ...`
             target = small.targets[0].target if isinstance(small, cst.Assign) else small.target
@@ -486,7 +498,7 @@ class SideEffectMixin(TransformerBase):
             self._main_only_depth -= 1
             if by_path is not None:
                 return by_path
-            if not self._main_only_depth:
+            if not self._main_only_depth and not self._skipped("file-writes", updated):
                 return self._main_only(updated, "file written by the main process only")
         return by_path if by_path is not None else updated
 
@@ -504,7 +516,7 @@ class SideEffectMixin(TransformerBase):
                 and isinstance(handle, cst.Name) and item.item.args):
             return None
         uses = _runtime_io_calls(node.body, self.rt, handle.value)
-        if not uses:
+        if not uses or "save-load" in self.skip:
             return None
         body = node.body.body if isinstance(node.body, cst.IndentedBlock) else ()
         line = body[0] if len(body) == 1 else None

@@ -223,6 +223,8 @@ class StopMixin(TransformerBase):
                 self._edit(stop.test, "divergence", self._unsafe_message(stop), human=True)
                 self._keep_reason(stop, replacements)
                 continue
+            if self._skipped("stops", stop.test):
+                continue
             old, replace = self._decided(stop)
             replacements[id(old)] = replace
         return loop.visit(_Replace(loop, replacements, self._moved)) if replacements else loop
@@ -288,6 +290,8 @@ class StopMixin(TransformerBase):
             if id(stop.node) in self._written:  # its def was never left: not in the output
                 self._edit(stop.test, "divergence", self._unsafe_message(replace(
                     stop, action="note", why=f"`{name}` could not be followed")), human=True)
+                continue
+            if self._skipped("stops", stop.test):
                 continue
             edits = len(self.edits)
             old, change = self._decided(stop)

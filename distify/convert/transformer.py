@@ -86,7 +86,8 @@ class DistifyTransformer(AccumulationMixin, BatchShapeMixin, CollectedMixin, Mod
         if downloads:
             self._download_stmts.add(updated)
             self._touch()
-        if len(original.body) > 1 and any(self._is_side_effect_stmt(s) for s in original.body):
+        if len(original.body) > 1 and any(self._is_side_effect_stmt(s) for s in original.body) \
+                and not self._skipped("guard-side-effects", updated):
             return self._split_line(original, updated)
         guarded = self._guard_side_effect(original, updated)
         if guarded is not None:
@@ -151,7 +152,7 @@ class DistifyTransformer(AccumulationMixin, BatchShapeMixin, CollectedMixin, Mod
     def leave_Expr(self, original: cst.Expr, updated: cst.Expr):
         self._expr_depth -= 1
         self._expr_call = None
-        if self._is_pinning(original.value):
+        if self._is_pinning(original.value) and not self._skipped("device", updated):
             self._edit_removed(original.value)
             return cst.RemovalSentinel.REMOVE
         return updated
@@ -220,10 +221,14 @@ class DistifyTransformer(AccumulationMixin, BatchShapeMixin, CollectedMixin, Mod
         qual = self._qual(original.func)
         if qual is not None:
             for rewrite in (self._rewrite_side_effect_call, self._rewrite_prepare,
-                            self._rewrite_device, self._rewrite_random_draw):
+                            self._rewrite_device):
                 replaced = rewrite(original, updated, qual)
                 if replaced is not None:
                     return replaced
+            replaced = self._unless_skipped("random-draws", updated, lambda: (
+                self._rewrite_random_draw(original, updated, qual)))
+            if replaced is not None:
+                return replaced
         if isinstance(original.func, cst.Attribute):
             return self._rewrite_method_call(original, updated)
         return updated
@@ -242,7 +247,8 @@ class DistifyTransformer(AccumulationMixin, BatchShapeMixin, CollectedMixin, Mod
         if method in ("append", "extend"):
             return self._gather_collected(original, updated) or updated
         if method in ("reset", "seed"):
-            return self._rewrite_env_seed(original, updated) or updated
+            return self._unless_skipped("env-seeds", updated, lambda: (
+                self._rewrite_env_seed(original, updated))) or updated
         return self._rewrite_device_method(updated, func, method) or updated
 
     # ---------------------------------------------------------------- module
