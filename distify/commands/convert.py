@@ -50,11 +50,16 @@ Examples:
   distify convert src/ -o src_dist/           # a whole project, with its launch config
   distify convert nb.ipynb                    # nb_dist.ipynb: code converted, outputs cleared
   distify convert nb.ipynb -o nb_dist.py      # a notebook's code cells as one script
+  distify convert train.py --skip progress-bars   # leave one rewrite out (see --list-rewrites)
+  distify convert --explain reduce-metrics    # what a rewrite does, with examples
+
+\b
+Settings: [tool.distify.convert] skip = [...] in pyproject.toml; [tool.distify] rules = [...].
 """
 
 
 @click.command(name="convert", epilog=EXAMPLES)
-@click.argument("path", type=click.Path(path_type=Path))
+@click.argument("path", type=click.Path(path_type=Path), required=False)
 @click.option("-o", "--output", type=click.Path(path_type=Path),
               help="Where to write the result (a file, or a folder for a project). "
                    "Default: <name>_dist.py beside the input (<name>_dist.ipynb for a "
@@ -82,9 +87,17 @@ Examples:
 @click.option("-v", "--verbose", is_flag=True,
               help="List every changed line (the report gives the same change on many lines "
                    "as one line with the first few line numbers).")
-def convert(path: Path, output: Path | None, show_diff: bool, check_only: bool, in_place: bool,
-            mixed_precision: str | None, as_json: bool, rule_files: tuple[Path, ...],
-            standalone: bool, no_config: bool, force: bool, verbose: bool) -> None:
+@click.option("--skip", "skips", multiple=True, metavar="NAME",
+              help="Leave a rewrite out (repeatable, or comma-separated): its places stay as "
+                   "written and the report lists them. Names: --list-rewrites.")
+@click.option("--list-rewrites", is_flag=True, help="List the rewrites and exit.")
+@click.option("--explain", metavar="NAME",
+              help="Print a rewrite's documentation with its examples, and exit.")
+def convert(path: Path | None, output: Path | None, show_diff: bool, check_only: bool,
+            in_place: bool, mixed_precision: str | None, as_json: bool,
+            rule_files: tuple[Path, ...], standalone: bool, no_config: bool, force: bool,
+            verbose: bool, skips: tuple[str, ...], list_rewrites: bool,
+            explain: str | None) -> None:
     """Rewrite PATH (a training script, or a project folder) to run distributed.
 
     The model, optimizer, LR scheduler and DataLoaders are prepared, loss.backward() goes through
@@ -93,15 +106,24 @@ def convert(path: Path, output: Path | None, show_diff: bool, check_only: bool, 
     with its line, every place that needs a human look, and how to launch the result. The
     conversion is static: your script is never run.
     """
+    if list_rewrites or explain:
+        from distify.convert.rewrites import explain_rewrite, rewrite_table
+
+        click.echo(rewrite_table() if list_rewrites else explain_rewrite(explain),
+                   nl=list_rewrites)
+        return
+    if path is None:
+        raise click.UsageError("Missing argument 'PATH'.")
     path = _named(path)
     modes = sum(bool(m) for m in (show_diff, check_only, in_place))
     if modes > 1 or (output is not None and (show_diff or check_only or in_place)):
         raise UserError("choose one of -o, --diff, --check and -i")
     project = load_project_config(start=path if path.is_dir() else path.parent)
     rules = load_rules([*project.rules, *rule_files])
+    skip = _skips(skips, project)
     runtime_module = STANDALONE_RUNTIME if standalone else "distify.runtime"
     planned, out = _plan(path, output, rules, runtime_module,
-                         to_output=not (show_diff or check_only or in_place))
+                         to_output=not (show_diff or check_only or in_place), skip=skip)
     converted = [p for p in planned if p.result is not None]
     if check_only:
         _check(converted)
@@ -136,17 +158,30 @@ def _named(path: Path) -> Path:
     return path
 
 
+def _skips(names: tuple[str, ...], project) -> frozenset[str]:
+    """The rewrites to leave out: ``--skip`` (repeatable, comma-separated) and the project's
+    ``[tool.distify.convert] skip``, each name checked."""
+    from distify.convert.rewrites import select_skips
+
+    source = f"{project.source}: [tool.distify.convert] skip" if project.source else "skip"
+    configured = select_skips(project.convert_skip, source=source)
+    given = select_skips(n for item in names for n in item.split(",") if n.strip())
+    return configured | given
+
+
 def _plan(path: Path, output: Path | None, rules: RuleSet, runtime_module: str, *,
-          to_output: bool) -> tuple[list[Planned], Path | None]:
+          to_output: bool, skip: frozenset[str]) -> tuple[list[Planned], Path | None]:
     """Convert the file or project (nothing written yet); also the project's output folder
     (None: a single file, or a project converted in place or previewed)."""
     if path.is_dir():
         out = _project_output(path, output) if to_output else None
-        return plan_project(path, out, rules, runtime_module, progress=_progress), out
+        return plan_project(path, out, rules, runtime_module, progress=_progress,
+                            skip=skip), out
     target = _file_output(path, output) if to_output else path
     if is_notebook(path):  # JSON, never parsed as Python; a notebook or a script comes out
-        return [Planned(path, target, convert_notebook(path, target, rules, runtime_module))], None
-    return [Planned(path, target, convert_file(path, rules, runtime_module))], None
+        return [Planned(path, target, convert_notebook(path, target, rules, runtime_module,
+                                                       skip=skip))], None
+    return [Planned(path, target, convert_file(path, rules, runtime_module, skip=skip))], None
 
 
 def _display(item: Planned) -> Path:

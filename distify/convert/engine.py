@@ -27,6 +27,7 @@ from distify.convert.devices import (
     fresh_models,
     stays_on_cpu,
 )
+from distify.convert.rewrites import REGISTRY
 from distify.convert.transformer import DistifyTransformer
 from distify.errors import UserError
 from distify.rules import RuleSet, default_rules
@@ -67,6 +68,8 @@ class FileResult:
     imports: tuple[str, ...] = ()
     #: converted as a helper of a project's script (it imports no torch), never launched
     helper: bool = False
+    #: the rewrites turned off for it (``--skip``), by name
+    skipped: tuple[str, ...] = ()
 
     @property
     def changed(self) -> bool:
@@ -120,7 +123,8 @@ def convert_source(source: bytes, path: str = "<string>", rules: RuleSet | None 
     transformer = DistifyTransformer(facts, rules, rt, skip)
     with _deep_recursion(path):
         result = _rewrite(path, source, module, transformer, runtime_module)
-    return dataclasses.replace(result, imports=imports, helper=helper)
+    return dataclasses.replace(result, imports=imports, helper=helper,
+                               skipped=tuple(sorted(skip)))
 
 
 def _rewrite(path: str, source: bytes, module: cst.Module, transformer: DistifyTransformer,
@@ -135,8 +139,9 @@ def _rewrite(path: str, source: bytes, module: cst.Module, transformer: DistifyT
                           runtime_module=runtime_module)
     edits = transformer.edits
     if _prepares(transformer):
-        if "device" in transformer.skip:
-            pass  # the script's own device choices stay, and so does the CPU
+        if "device" in transformer.skip:  # the script's own device choices stay
+            if stays_on_cpu(module) and _runs_as_a_script(module):
+                edits = [*edits, _skipped_cpu_line(updated, rt)]
         elif stays_on_cpu(module) and _runs_as_a_script(module):
             updated, line = _stay_on_cpu(updated, rt)
             edits = [*edits, Edit(line, "device", CPU_MESSAGE.format(rt=rt))]
@@ -224,6 +229,14 @@ def _add_import(updated: cst.Module, *, first_touched: int, rt: str,
 
 def _prepares(transformer: DistifyTransformer) -> bool:
     return any(edit.kind == "prepare-model" and not edit.needs_human for edit in transformer.edits)
+
+
+def _skipped_cpu_line(updated: cst.Module, rt: str) -> Edit:
+    """The note, on the runtime's import, that ``rt.init(cpu=True)`` was not added."""
+    line = next(stmt for stmt in updated.body if _imports_runtime(stmt, rt))
+    return Edit(line, "skipped", "rewrite `device` skipped: left as written, so "
+                f"{REGISTRY['device'].SKIPPED}; this script never uses an accelerator, and "
+                f"`{rt}.init(cpu=True)` here would keep its processes on the CPU", True)
 
 
 def _runs_as_a_script(module: cst.Module) -> bool:

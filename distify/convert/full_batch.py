@@ -42,12 +42,11 @@ class FullBatchMixin(TransformerBase):
     def _reported_full_batch(self, node: cst.CSTNode) -> bool:
         """At a backward pass in loops not fed by a DataLoader: if they train full-batch, say
         so (once per loop nest) and return True."""
-        if "full-batch" in self.skip:  # said as for any loop not fed by a DataLoader
-            return False
         outermost = self._loop_nodes[-len(self._loops)]  # this function's outermost loop
         if id(outermost) in self._full_batch_nests:
             return True
-        if not is_full_batch(outermost, self._models_that_train(), self._qual):
+        if not is_full_batch(outermost, self._models_that_train(), self._qual) \
+                or self._skipped("full-batch", node):  # then said as for any loop
             return False
         self._full_batch_nests.add(id(outermost))
         self._edit(node, "full-batch", "full-batch training: this loop is not fed by a "

@@ -64,8 +64,8 @@ class NotebookResult(FileResult):
             return old
 
 
-def convert_notebook(path: Path, target: Path, rules: RuleSet,
-                     runtime_module: str) -> NotebookResult:
+def convert_notebook(path: Path, target: Path, rules: RuleSet, runtime_module: str, *,
+                     skip: frozenset[str] = frozenset()) -> NotebookResult:
     """Convert the notebook at ``path`` for the output ``target`` (a notebook when it ends in
     ``.ipynb``, else a script).
 
@@ -76,7 +76,7 @@ def convert_notebook(path: Path, target: Path, rules: RuleSet,
     notebook = parse_notebook(source, str(path))
     to_nb = is_notebook(target)
     script = to_script(notebook, "notebook" if to_nb else "script")
-    result = _convert(script.text, str(path), rules, runtime_module)
+    result = _convert(script.text, str(path), rules, runtime_module, skip)
     after = result.output.decode("utf-8")
     mapped = line_map(script.text, after)
     ours = [Item(mapped(n.line), "notebook", n.message, n.needs_human) for n in script.notes]
@@ -97,15 +97,16 @@ def convert_notebook(path: Path, target: Path, rules: RuleSet,
                           to_notebook=to_nb, notebook=notebook, cells=cells)
 
 
-def _convert(script: str, path: str, rules: RuleSet, runtime_module: str) -> FileResult:
+def _convert(script: str, path: str, rules: RuleSet, runtime_module: str,
+             skip: frozenset[str]) -> FileResult:
     source = script.encode("utf-8")
     try:
         try:
-            return convert_source(source, path, rules, runtime_module)
+            return convert_source(source, path, rules, runtime_module, skip=skip)
         except RecursionError:
             pass
         try:
-            return on_deep_stack(convert_source, source, path, rules, runtime_module)
+            return on_deep_stack(convert_source, source, path, rules, runtime_module, skip=skip)
         except RecursionError:
             raise too_deep(source, path) from None
     except UserError as err:

@@ -85,16 +85,19 @@ def read_source(path: Path) -> bytes:
         raise UserError(f"cannot read: {err.strerror}", path=str(path)) from None
 
 
-def convert_file(path: Path, rules: RuleSet, runtime_module: str) -> FileResult:
-    """Convert one file. A syntax tree too deep for the usual recursion limit (a sum of
-    thousands of terms) is converted again on a big stack; deeper still, a one-line error."""
+def convert_file(path: Path, rules: RuleSet, runtime_module: str, *,
+                 skip: frozenset[str] = frozenset()) -> FileResult:
+    """Convert one file (``skip``: rewrites turned off). A syntax tree too deep for the usual
+    recursion limit (a sum of thousands of terms) is converted again on a big stack; deeper
+    still, a one-line error."""
     source = read_source(path)
     try:
-        return convert_source(source, str(path), rules, runtime_module)
+        return convert_source(source, str(path), rules, runtime_module, skip=skip)
     except RecursionError:
         pass
     try:
-        return on_deep_stack(convert_source, source, str(path), rules, runtime_module)
+        return on_deep_stack(convert_source, source, str(path), rules, runtime_module,
+                             skip=skip)
     except RecursionError:
         raise too_deep(source, str(path)) from None
 
@@ -108,11 +111,13 @@ def iter_project(root: Path) -> Iterator[Path]:
 
 
 def plan_project(root: Path, out: Path | None, rules: RuleSet, runtime_module: str, *,
-                 progress: Callable[[list[Path]], Iterable[Path]] = iter) -> list[Planned]:
+                 progress: Callable[[list[Path]], Iterable[Path]] = iter,
+                 skip: frozenset[str] = frozenset()) -> list[Planned]:
     """Convert every Python file under ``root``; other files are copied when ``out`` is set.
 
     Args:
         progress: wraps the list of files as they are converted (a progress bar).
+        skip: rewrites turned off (:mod:`distify.convert.rewrites`).
     """
     if out is not None:
         _check_outside(root, out)
@@ -120,11 +125,12 @@ def plan_project(root: Path, out: Path | None, rules: RuleSet, runtime_module: s
     for path in progress(list(iter_project(root))):
         target = (out / path.relative_to(root)) if out is not None else path
         if path.suffix == ".py":
-            planned.append(Planned(path, target, convert_file(path, rules, runtime_module)))
+            planned.append(Planned(path, target,
+                                   convert_file(path, rules, runtime_module, skip=skip)))
         elif out is not None:
             planned.append(Planned(path, target, None))
     planned = _leave_scripts_without_backward(planned, root)
-    planned = _convert_helpers(planned, root, rules, runtime_module)
+    planned = _convert_helpers(planned, root, rules, runtime_module, skip)
     planned = _leave_helpers_shared_with_parallel(planned, root)
     return _loaders_prepared_next_door(_keep_helpers_of_parallel(planned, root), root)
 
@@ -264,7 +270,7 @@ def _source_lines(result: FileResult) -> Callable[[int], int]:
 
 
 def _convert_helpers(planned: list[Planned], root: Path, rules: RuleSet,
-                     runtime_module: str) -> list[Planned]:
+                     runtime_module: str, skip: frozenset[str]) -> list[Planned]:
     """A local module without torch that a converted script imports (directly or through other
     such modules) runs in every process of its job: its prints and file writes (a ``utils.py``
     that dumps the class indices to JSON, a ``progress_bar``) are converted too."""
@@ -284,7 +290,7 @@ def _convert_helpers(planned: list[Planned], root: Path, rules: RuleSet,
             if item.result.status != "no-torch":
                 continue
             result = convert_source(item.result.source, item.result.path, rules, runtime_module,
-                                    helper=True)
+                                    helper=True, skip=skip)
             if result.status == "converted":
                 planned[index] = item = Planned(item.source, item.target, result)
                 pending.append(item)

@@ -87,6 +87,7 @@ def text_report(result: FileResult, output_name: str, *, launch_hint: str | None
         arrow = f" → {output_name}" if output_name != result.path else ""
         lines.append(f"{result.path}{arrow}: {len(result.changes)} change(s)")
         lines.extend(_change_lines(result.changes, output_name, verbose, place))
+    lines.extend(_skipped_line(result))
     where = place or (lambda line: f"{output_name}:{line}")
     if result.notes:  # never summarised: each one needs a look
         lines.append("Needs a human look:")
@@ -100,6 +101,21 @@ def text_report(result: FileResult, output_name: str, *, launch_hint: str | None
     if launch_hint and result.status == "converted":
         lines.append(launch_line(launch_hint, ready=result.ready))
     return "\n".join(lines)
+
+
+def _skipped_line(result: FileResult) -> list[str]:
+    """``Skipped rewrites: print (3 places left as written), ...``, when any were asked for."""
+    if not result.skipped:
+        return []
+    places = {name: 0 for name in result.skipped}
+    for note in result.notes:
+        if note.kind == "skipped":
+            name = note.message.split("`", 2)[1]
+            places[name] = places.get(name, 0) + 1
+    listed = ", ".join(f"{name} ({count} place{'s' if count != 1 else ''} left as written)"
+                       if count else f"{name} (nothing to skip here)"
+                       for name, count in places.items())
+    return [f"Skipped rewrites: {listed}"]
 
 
 def launch_line(launch_hint: str, *, ready: bool) -> str:
@@ -233,6 +249,7 @@ def json_report(results: Iterable[tuple[FileResult, str | None]], *, launch_hint
             "changes": [_item(i, script) for i in result.changes],
             "needs_human": [_item(i, script) for i in result.notes],
             "batch_sizes": list(result.batch_sizes),
+            "skipped_rewrites": list(result.skipped),
             "ready": result.ready,
         })
     ready = all(f["ready"] for f in files)

@@ -1,4 +1,5 @@
-"""``[tool.distify.check]`` in ``pyproject.toml``: the checker's settings for a project.
+"""``[tool.distify]`` in ``pyproject.toml``: the project's settings for ``check`` and
+``convert``.
 
 ::
 
@@ -10,6 +11,9 @@
     ignore = ["DST303"]
     exclude = ["legacy/", "*_pb2.py"]    # globs, relative to this pyproject.toml
     all = false                          # check files that are not distributed too
+
+    [tool.distify.convert]
+    skip = ["progress-bars"]             # rewrites to leave out (`distify convert --list-rewrites`)
 
 The nearest ``pyproject.toml`` with a ``[tool.distify]`` table, from the current folder up, is
 used (or the file ``--config`` names). Reading TOML needs Python 3.11's ``tomllib`` (or the
@@ -39,6 +43,8 @@ class CheckConfig:
     root: Path | None = None
     source: Path | None = None
     note: str = ""
+    #: ``[tool.distify.convert] skip``: rewrites ``distify convert`` leaves out (names unchecked)
+    convert_skip: tuple[str, ...] = ()
 
 
 def load_config(explicit: Path | None = None, start: Path | None = None) -> CheckConfig:
@@ -88,6 +94,16 @@ def _parse(table: dict, path: Path) -> CheckConfig:
     check = table.get("check", {})
     if not isinstance(check, dict):
         raise UserError("[tool.distify] check: expected a table", path=str(path))
+    convert = table.get("convert", {})
+    if not isinstance(convert, dict):
+        raise UserError("[tool.distify] convert: expected a table", path=str(path))
+    for key, value in convert.items():
+        if key != "skip":
+            raise UserError(f"[tool.distify.convert] unknown key {key!r} (known: skip)",
+                            path=str(path))
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise UserError("[tool.distify.convert] skip: expected a list of strings",
+                            path=str(path))
     for key, value in check.items():
         kind = _KEYS.get(key)
         if kind is None:
@@ -101,4 +117,5 @@ def _parse(table: dict, path: Path) -> CheckConfig:
         select=tuple(check.get("select", ())), ignore=tuple(check.get("ignore", ())),
         extend_select=tuple(check.get("extend-select", ())),
         exclude=tuple(check.get("exclude", ())), check_all=check.get("all", False),
-        rules=tuple(root / item for item in rules), root=root, source=path)
+        rules=tuple(root / item for item in rules), root=root, source=path,
+        convert_skip=tuple(convert.get("skip", ())))

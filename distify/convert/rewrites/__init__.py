@@ -20,6 +20,7 @@ so on its line.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import textwrap
 from collections.abc import Iterable
@@ -73,17 +74,21 @@ class Rewrite:
         first = inspect.cleandoc(cls.__doc__ or "").split("\n\n")[0]
         return " ".join(first.split()).replace("``", "`")
 
+    @classmethod
+    def headline(cls) -> str:
+        """The summary's first sentence (``--list-rewrites``)."""
+        summary = cls.summary()
+        end = summary.find(". ")
+        return summary if end < 0 else summary[:end + 1]
+
+
+#: the modules that define rewrites, in the order ``--list-rewrites`` shows them
+_MODULES = ("models", "devices", "training", "metrics", "side_effects", "data")
+
 
 def _load() -> None:
-    # the modules register their classes on import
-    from distify.convert.rewrites import (  # noqa: F401
-        data,
-        devices,
-        metrics,
-        models,
-        side_effects,
-        training,
-    )
+    for module in _MODULES:  # each registers its classes on import
+        importlib.import_module(f"{__name__}.{module}")
 
 
 _load()
@@ -112,7 +117,7 @@ def select_skips(names: Iterable[str], *, source: str = "--skip") -> frozenset[s
 def rewrite_table() -> str:
     """One line per rewrite: its name and summary (``--list-rewrites``)."""
     width = max(len(name) for name in REGISTRY)
-    return "\n".join(f"{name:<{width}}  {cls.summary()}" for name, cls in REGISTRY.items())
+    return "\n".join(f"{name:<{width}}  {cls.headline()}" for name, cls in REGISTRY.items())
 
 
 def explain_rewrite(name: str) -> str:
@@ -124,8 +129,8 @@ def explain_rewrite(name: str) -> str:
     cls = REGISTRY.get(name.strip().lower())
     if cls is None:
         raise UserError(f"unknown rewrite {name!r} (known: {', '.join(REGISTRY)})")
-    title, _, body = inspect.cleandoc(cls.__doc__ or "").partition("\n\n")
-    parts = [f"{cls.NAME}: {' '.join(title.split())}"]
+    _, _, body = inspect.cleandoc(cls.__doc__ or "").partition("\n\n")
+    parts = [f"{cls.NAME}: {cls.summary()}"]
     if body:
         parts.append(body)
     parts.append(f"Report kinds: {', '.join(cls.KINDS)}")
