@@ -47,6 +47,25 @@ def test_every_rewrite_is_named_documented_and_has_examples():
     assert len(kinds) == len(set(kinds)), "a change kind claimed by two rewrites"
 
 
+def test_what_each_rewrite_declares_exists():
+    """Its facts are fields of the file's facts, and the transformer has hooks for its node
+    types (the declarations are read by --explain and by people, so they must not rot)."""
+    import dataclasses
+
+    import libcst as cst
+
+    from distify.analysis.facts import FileFacts
+    from distify.convert.transformer import DistifyTransformer
+
+    fields = {field.name for field in dataclasses.fields(FileFacts)}
+    for name, cls in REGISTRY.items():
+        assert set(cls.FACTS) <= fields, (name, set(cls.FACTS) - fields)
+        for node in cls.NODES:
+            assert isinstance(getattr(cst, node, None), type), (name, node)
+            hooks = [f"{prefix}_{node}" for prefix in ("visit", "leave")]
+            assert any(hasattr(DistifyTransformer, hook) for hook in hooks), (name, node)
+
+
 @pytest.mark.parametrize(("cls", "index"), EXAMPLES)
 def test_each_example_alone_and_in_the_full_set(cls, index):
     example = cls.EXAMPLES[index]
