@@ -161,7 +161,7 @@ class SideEffectMixin(TransformerBase):
         self._download_module = node
         self._smoke_calls: set[int] | None = None  # see _smoke_test_calls
         self._downloading_functions: set[str] | None = None  # read on the first download
-        if may_download(self.rules, self.facts.imports) and "downloads" not in self.skip:
+        if may_download(self.rules, self.facts.imports):
             for unit in download_units(node, self.rules, self.facts.imports):
                 self._unit_starts[id(unit.statements[0])] = unit
                 for stmt in unit.statements:
@@ -174,7 +174,8 @@ class SideEffectMixin(TransformerBase):
         unit = self._unit_of.get(id(node))
         if unit is not None and self._in_download and self._unit_starts.get(id(node)) is unit:
             self._nested_units.add(id(unit))
-        if unit is not None and _runs_alone(unit) and id(unit) not in self._nested_units:
+        if unit is not None and _runs_alone(unit) and id(unit) not in self._nested_units \
+                and "downloads" not in self.skip:
             self._main_only_depth += 1
             self._in_download += 1
         return type(self).on_visit(self, node)
@@ -186,7 +187,10 @@ class SideEffectMixin(TransformerBase):
             return result
         nodes = result.nodes if isinstance(result, cst.FlattenSentinel) else \
             [] if isinstance(result, cst.RemovalSentinel) else [result]
-        if _runs_alone(unit):
+        if "downloads" in self.skip:
+            if self._unit_starts.get(id(original)) is unit and nodes:
+                self._skipped("downloads", nodes[0])
+        elif _runs_alone(unit):
             self._main_only_depth -= 1
             self._in_download -= 1
             for new in nodes:

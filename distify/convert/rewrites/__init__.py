@@ -3,7 +3,8 @@
 Each rewrite is a class in a module of this package. It declares:
 
 - ``NAME``: what ``--skip``, ``--explain`` and ``[tool.distify.convert] skip`` call it;
-- ``KINDS``: the kinds of the report's change lines it makes (``--json``'s ``kind``);
+- ``KINDS``: the kinds of the report's change lines it makes (``--json``'s ``kind``); one
+  kind, ``reduce``, is made by three (metrics, the accumulated loss, losses over drawn batches);
 - ``FACTS``: the whole-file analysis facts it reads (:class:`~distify.analysis.facts.FileFacts`
   fields);
 - ``NODES``: the LibCST node types it handles;

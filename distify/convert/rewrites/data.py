@@ -99,7 +99,8 @@ class RandomDraws(Rewrite):
     different data."""
 
     NAME = "random-draws"
-    KINDS = ("shared-random", "random-batches", "random-noise", "random-task")
+    #: reduce: the mean of losses over batches each process drew itself
+    KINDS = ("shared-random", "random-batches", "random-noise", "random-task", "reduce")
     FACTS = ("seeds", "may_draw_batches", "imports")
     NODES = ("Call",)
     SKIPPED = ("the draw stays as it is: unseeded, the processes may split the data differently;"

@@ -37,7 +37,7 @@ class Accumulation(Rewrite):
     the mean over processes; token counters count every process."""
 
     NAME = "accumulation"
-    KINDS = ("accumulation", "throughput")
+    KINDS = ("accumulation", "throughput", "reduce")  # reduce: the accumulated loss's mean
     FACTS = ("training", "imports")
     NODES = ("For", "If", "Assign", "BinaryOperation")
     SKIPPED = ("gradients are averaged on every micro-step (correct, with an all-reduce per "
