@@ -127,7 +127,7 @@ def _root(node: ast.AST) -> str | None:
     return ".".join(parts[:2]) if parts[0] == "self" and len(parts) > 1 else parts[0]
 
 
-class _Collector:
+class Collector:
     """One source-ordered walk (an explicit stack: several times cheaper than an
     ``ast.NodeVisitor``) that files each fact under its scope. Everything under a ``def`` or a
     ``class`` statement, its decorators and defaults included, belongs to its scope, as the
@@ -231,10 +231,10 @@ class _Collector:
             scope.calls.append((func.id, node))
 
 
-class _Flow:
+class Flow:
     """Questions about the collected facts, answered across scopes."""
 
-    def __init__(self, collector: _Collector) -> None:
+    def __init__(self, collector: Collector) -> None:
         self.c = collector
         self.scopes = collector.scopes
         self.imports, self.rules = collector.imports, collector.rules
@@ -261,13 +261,13 @@ class _Flow:
             return True
         if hops >= _MAX_HOPS:
             return False
-        owner = self._owner(scope, name)
+        owner = self.owner(scope, name)
         if owner is not None and any(self._builds_model(owner, value, hops)
                                      for value in owner.assigns.get(name, ())):
             return True
         if owner is not None and name in owner.params and name not in owner.assigns:
             return any(self.is_model(caller, passed, hops + 1)
-                       for caller, arg in self._arguments_for(owner, name)
+                       for caller, arg in self.arguments_for(owner, name)
                        if (passed := dotted(arg)) is not None)
         return False
 
@@ -279,7 +279,7 @@ class _Flow:
         if not isinstance(value, ast.Call):
             return False
         if any(self.is_model(function, returned, hops + 1)
-               for function, returned in self._returned(value, None)):
+               for function, returned in self.returned(value, None)):
             return True  # `model, optimizer = load_train_objs()`
         qual = self.imports.ast_qualname(value.func) or ""
         if qual.split(".")[-1] in self.c.model_classes:
@@ -298,7 +298,7 @@ class _Flow:
         the file it is passed to (``train(model, optimizer)`` steps ``optimizer``)."""
         if name.startswith("self."):
             return self._class_wide(scope).get(name, set())
-        owner = self._owner(scope, name)
+        owner = self.owner(scope, name)
         if owner is None:
             return set()
         found = set(owner.methods.get(name, set()))
@@ -343,7 +343,7 @@ class _Flow:
     def _class_of(self, scope: _Scope) -> Scope:
         return scope.path[:-1] if scope.path[:-1] in self.c.classes.values() else scope.path
 
-    def _owner(self, scope: _Scope, name: str) -> _Scope | None:
+    def owner(self, scope: _Scope, name: str) -> _Scope | None:
         """The scope whose assignments bind ``name`` as seen from ``scope``."""
         if name.startswith("self."):
             cls = self._class_of(scope)
@@ -432,7 +432,7 @@ class _Flow:
         return "zero_grad" in methods or "optim" in short or short.startswith("opt") \
             or name in scope.scaler_steps
 
-    def _returned(self, call: ast.Call, position: int | None) -> Iterator[tuple[_Scope, str]]:
+    def returned(self, call: ast.Call, position: int | None) -> Iterator[tuple[_Scope, str]]:
         """(function scope, name) for each name a local function called by ``call`` returns
         (at ``position`` of a returned tuple, or any element when None)."""
         callee = call.func.id if isinstance(call.func, ast.Name) else None
@@ -450,7 +450,7 @@ class _Flow:
         """The (scope, name) a model was first built under: through ``x = y.to(device)``,
         parameters (to their callers' arguments) and values returned by local functions, so two
         names of one model are recognised as one."""
-        owner = self._owner(scope, name)
+        owner = self.owner(scope, name)
         if owner is None:
             return scope.path, name
         here = owner.path, name
@@ -464,11 +464,11 @@ class _Flow:
                 return self.origin(owner, inner, hops + 1)
             if isinstance(value, ast.Call):
                 position = owner.unpacked[name][-1]
-                for function, returned in self._returned(value, position):
+                for function, returned in self.returned(value, position):
                     return self.origin(function, returned, hops + 1)
             return here
         if name in owner.params:
-            for caller, arg in self._arguments_for(owner, name):
+            for caller, arg in self.arguments_for(owner, name):
                 if (passed := dotted(arg)) is not None:
                     return self.origin(caller, passed, hops + 1)
         return here
@@ -478,7 +478,7 @@ class _Flow:
         """Where ``name`` (seen from ``scope``) is built: its last assignment in the scope that
         binds it and builds a model (not ``model = torch.load(f)`` of a test pass at the end),
         following a parameter to the arguments of its callers in the file."""
-        owner = self._owner(scope, name)
+        owner = self.owner(scope, name)
         if owner is None:
             return None
         if name in owner.assigns:
@@ -487,7 +487,7 @@ class _Flow:
             return BuildSite(owner.path, name, building[-1] if building else len(values) - 1)
         if hops >= _MAX_HOPS or name not in owner.params:
             return None
-        for caller, arg in self._arguments_for(owner, name):
+        for caller, arg in self.arguments_for(owner, name):
             passed = dotted(arg)
             if passed is not None:
                 site = self.build_site(caller, passed, hops + 1)
@@ -495,7 +495,7 @@ class _Flow:
                     return site
         return None
 
-    def _arguments_for(self, function: _Scope, param: str) -> Iterator[tuple[_Scope, ast.expr]]:
+    def arguments_for(self, function: _Scope, param: str) -> Iterator[tuple[_Scope, ast.expr]]:
         """The arguments callers in the file pass for ``param`` of ``function``."""
         name = function.path[-1]
         is_init = name == "__init__"
@@ -531,10 +531,10 @@ def _arguments(call: ast.Call) -> Iterator[ast.expr]:
 
 
 def collect(tree: ast.Module, imports: ImportMap, rules: RuleSet,
-            each: Callable[[ast.AST], None] | None = None) -> _Collector:
+            each: Callable[[ast.AST], None] | None = None) -> Collector:
     """The facts :func:`analyse` needs, in one walk of ``tree`` (calling ``each`` on every
     node on the way, for a caller's own facts)."""
-    collector = _Collector(imports, rules, set())
+    collector = Collector(imports, rules, set())
     collector.collect(tree, each)
     return collector
 
@@ -552,26 +552,20 @@ def analyse_training(tree: ast.Module, imports: ImportMap, rules: RuleSet,
     return analyse(collect(tree, imports, rules), model_classes)
 
 
-def analyse(collector: _Collector, model_classes: set[str]) -> Training:
+def analyse(collector: Collector, model_classes: set[str]) -> Training:
     """:func:`analyse_training` over facts already collected."""
     collector.model_classes = model_classes
-    flow = _Flow(collector)
+    flow = Flow(collector)
     training = Training()
+    for path in collector.scopes:
+        training.optimizer_models[path] = {}
+    for optimizer in optimizers(flow):
+        found = training.optimizer_models[optimizer.scope].setdefault(optimizer.target, [])
+        found.extend(m for m in optimizer.models if m not in found)
     covered: set[tuple[Scope, str]] = set()  # (owner scope, model) an optimizer prepares
-    for scope in collector.scopes.values():
-        optimizers = training.optimizer_models.setdefault(scope.path, {})
-        for target, call in scope.known_optimizers:
-            models = flow.parameter_roots(scope, call)
-            optimizers.setdefault(target, []).extend(m for m in models
-                                                     if m not in optimizers.get(target, []))
-        for target, values in scope.assigns.items():
-            if target in optimizers or not flow.optimizer_like(scope, target):
-                continue
-            models = _unknown_optimizer_models(flow, scope, values[-1])
-            if models:
-                optimizers[target] = models
-        for models in optimizers.values():
-            covered.update(flow.origin(scope, m) for m in models)
+    for path, trained in training.optimizer_models.items():
+        for models in trained.values():
+            covered.update(flow.origin(collector.scopes[path], m) for m in models)
     for scope in collector.scopes.values():
         if scope.backwards:
             training.backward_scopes.add(scope.path)
@@ -597,7 +591,37 @@ def analyse(collector: _Collector, model_classes: set[str]) -> Training:
     return training
 
 
-def _tensor_only(flow: _Flow, scope: _Scope, loss: ast.expr) -> bool:
+@dataclass(frozen=True)
+class Optimizer:
+    """One optimizer built in the file, and the models whose parameters it takes."""
+
+    scope: Scope
+    #: the name it is bound to, ``""`` when it is not (``return SGD(...)``)
+    target: str
+    call: ast.Call
+    #: a rule pack names its class; else it is stepped and zeroed or named like an optimizer
+    known: bool
+    models: tuple[str, ...]
+
+
+def optimizers(flow: Flow) -> Iterator[Optimizer]:
+    """Every optimizer of the file, scope by scope in source order: those a rule pack names,
+    then the names that behave like one (``Lion(...)``, ``model.configure_optimizers(...)``)."""
+    for scope in flow.scopes.values():
+        known: set[str] = set()
+        for target, call in scope.known_optimizers:
+            known.add(target)
+            yield Optimizer(scope.path, target, call, True,
+                            tuple(flow.parameter_roots(scope, call)))
+        for target, values in scope.assigns.items():
+            if target in known or not flow.optimizer_like(scope, target):
+                continue
+            models = _unknown_optimizer_models(flow, scope, values[-1])
+            if models:
+                yield Optimizer(scope.path, target, values[-1], False, tuple(models))
+
+
+def _tensor_only(flow: Flow, scope: _Scope, loss: ast.expr) -> bool:
     """Is ``loss`` computed from plain tensors by torch functions and tensor methods alone, with
     no parameter, attribute of ``self``, model or other callable on its way?"""
     names, calls = flow.depends(scope, loss)
@@ -618,7 +642,7 @@ def _tensor_only(flow: _Flow, scope: _Scope, loss: ast.expr) -> bool:
     return True
 
 
-def _steps_a_known_optimizer(flow: _Flow, training: Training, scope: _Scope) -> bool:
+def _steps_a_known_optimizer(flow: Flow, training: Training, scope: _Scope) -> bool:
     """Does ``scope`` step an optimizer whose models are known (and so prepared)? Then a loss
     the analysis cannot follow (through lists, attributes of other objects) still trains them:
     ``policy_loss = torch.cat(policy.saved_log_probs).sum(); policy_loss.backward();
@@ -631,7 +655,7 @@ def _steps_a_known_optimizer(flow: _Flow, training: Training, scope: _Scope) -> 
     return False
 
 
-def _unknown_optimizer_models(flow: _Flow, scope: _Scope, value: ast.expr) -> list[str]:
+def _unknown_optimizer_models(flow: Flow, scope: _Scope, value: ast.expr) -> list[str]:
     """``model.configure_optimizers(...)``, ``set_optimizer(opt, model)``, ``Lion(...)``: the
     receiver (a model, or a method named for optimizers) and the models among the arguments."""
     if not isinstance(value, ast.Call):
