@@ -495,8 +495,12 @@ class Flow:
                     return site
         return None
 
-    def arguments_for(self, function: _Scope, param: str) -> Iterator[tuple[_Scope, ast.expr]]:
-        """The arguments callers in the file pass for ``param`` of ``function``."""
+    def arguments_for(self, function: _Scope, param: str,
+                      calls: dict[Scope, list[tuple[str, ast.Call]]] | None = None,
+                      ) -> Iterator[tuple[_Scope, ast.expr]]:
+        """The arguments callers in the file pass for ``param`` of ``function``: through the
+        calls the walk recorded (by plain name, or on ``self``), or through ``calls`` (scope →
+        its (callee name, call) pairs) when given."""
         name = function.path[-1]
         is_init = name == "__init__"
         callee_name = function.path[-2] if is_init and len(function.path) > 1 else name
@@ -504,7 +508,7 @@ class Flow:
         if is_init or (function.params and function.params[0] == "self"):
             position -= 1  # bound: `self` is not passed
         for scope in self.scopes.values():
-            for called, call in scope.calls:
+            for called, call in (scope.calls if calls is None else calls.get(scope.path, ())):
                 if called != callee_name:
                     continue
                 keyword = next((k.value for k in call.keywords if k.arg == param), None)

@@ -207,6 +207,9 @@ class _Collector(Collector):
         #: the first ``opt*.step()``, for an optimizer that is not bound to a name
         self.first_optimizer_step: int | None = None
         self.class_nodes: dict[Scope, ast.ClassDef] = {}
+        #: calls of methods on other objects than ``self`` (``trainer.setup(model)``), which
+        #: the training walk leaves out: scope → (method name, call)
+        self.method_calls: dict[Scope, list[tuple[str, ast.Call]]] = {}
         self.marker_instances: set[str] = set()
         self.loop_calls: set[int] = set()  # calls inside a loop over `parameters()`
         self._handlers.update({ast.Attribute: self._attribute, ast.Subscript: self._subscript,
@@ -266,6 +269,8 @@ class _Collector(Collector):
         if not isinstance(func, ast.Attribute):
             return
         receiver = dotted(func.value)
+        if receiver != "self" and (node.args or node.keywords):
+            self.method_calls.setdefault(scope.path, []).append((func.attr, node))
         if func.attr == "step":
             if receiver:
                 self.steps.append((scope, receiver, node.lineno))
@@ -445,6 +450,9 @@ class _Query:
         if name in owner.params:
             for caller, arg in self.flow.arguments_for(owner, name):
                 self._value(caller, arg, None, trace)
+            if owner.params[0] == "self":  # `trainer.setup_model(model)`
+                for caller, arg in self.flow.arguments_for(owner, name, self.c.method_calls):
+                    self._value(caller, arg, None, trace)
 
     def _value(self, scope: _Scope, value: ast.expr, position: int | None,
                trace: _Trace) -> None:
