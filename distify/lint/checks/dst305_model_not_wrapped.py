@@ -20,13 +20,16 @@ class ModelNotWrapped(LintRule):
     or Ray's ``prepare_model``. Nothing averages the gradients: every rank trains its own copy
     on its own shard and the replicas drift apart, silently.
 
-    The optimizer may take ``model.parameters()``, a filtered or chained iterable of them,
-    parameter groups built from ``named_parameters()`` (also through a variable), and may come
-    from any library (``Lion(model.parameters())``) as long as the file steps it
-    (``optimizer.step()``, ``scaler.step(optimizer)``). Names are matched loosely across the
-    file: ``self.model = model``, a function's parameter and what its callers pass, ``net =
-    model.to(device)`` all count as the same model, and a wrap anywhere (before or after the
-    optimizer, ``ddp_model = DDP(model)``, ``torch.compile(DDP(model))``) covers it. The
+    What each optimizer trains is the converter's own training flow
+    (:mod:`distify.analysis.training`, read through :mod:`distify.analysis.wrapping`): it may take
+    ``model.parameters()``, a filtered or chained iterable of them, parameter groups built from
+    ``named_parameters()`` (through a variable or a helper the model is handed to), come from
+    ``model.configure_optimizers(...)`` or from any library (``Lion(model.parameters())``) as
+    long as the file steps it (``optimizer.step()``, ``scaler.step(optimizer)``). Two names are
+    one model when the flow traces them to one place: ``self.model = model``, a function's
+    parameter and what its callers pass (also ``trainer.attach(model)``), a value a local
+    function returns, ``net = model.to(device)``; a wrap of any of them (before or after the
+    optimizer, ``ddp_model = DDP(model)``, ``torch.compile(DDP(model))``) covers the model. The
     finding is at the optimizer's construction and names the step.
 
     Deliberately not reported, because a false alarm in a pre-commit hook costs more than a
@@ -261,7 +264,7 @@ class ModelNotWrapped(LintRule):
         ctx = self.ctx
         if b"step" not in ctx.source:  # every finding names the line its optimizer steps on
             return
-        flow = model_flow(ctx.tree, ctx.imports, ctx.matcher.rules, ctx.matcher)
+        flow = model_flow(ctx.tree, ctx.imports, ctx.matcher.rules, ctx.matcher, ctx.callee)
         if not flow.needs_wrapping:
             return
         hint = ctx.segment(flow.prepare_call.func) if flow.prepare_call is not None else None
