@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from distify.analysis.loaders import is_loaderish, is_loop_wrapper
 from distify.analysis.names import ast_dotted_name
 
 EVAL_FUNCTION_NAME = re.compile(r"eval|test|valid|(^|_)val(_|$)", re.IGNORECASE)
@@ -55,8 +56,6 @@ FUNCTIONAL_LOSSES = frozenset({
     "smooth_l1_loss", "soft_margin_loss", "triplet_margin_loss"})
 #: methods that return the same criterion (``nn.CrossEntropyLoss().cuda(args.gpu)``)
 _MOVES = frozenset({"cuda", "to", "cpu"})
-#: calls that hand a loop its loader's batches (``enumerate(loader)``, ``tqdm(loader)``)
-_WRAPPERS = frozenset({"enumerate", "tqdm", "iter", "zip"})
 
 
 def loss_reduction(qualname: str | None, keywords: dict[str, Any]) -> str | None:
@@ -187,7 +186,7 @@ class FlowFinder:
                     self.flow.criteria[name] = reduction if known == reduction else None
                 return
             if self.rules.match("dataloaders", qual) is not None \
-                    or (_short(qual) in _WRAPPERS and self._loaderish(core)):
+                    or (is_loop_wrapper(qual) and self._loaderish(core)):
                 self.loaders.update(names)
 
     def reduction_of(self, value: ast.expr) -> str | None:
@@ -206,13 +205,9 @@ class FlowFinder:
         return None
 
     def _loaderish(self, node: ast.expr) -> bool:
-        while isinstance(node, ast.Call) and node.args and _short(
-                self.imports.ast_qualname(node.func) or ast_dotted_name(node.func)) in _WRAPPERS:
-            node = node.args[0]
-        name = ast_dotted_name(node)
-        if name is None:
-            return False
-        return name in self.loaders or "loader" in name.rsplit(".", 1)[-1].lower()
+        return is_loaderish(node, self.imports.ast_qualname, known=self.loaders.__contains__,
+                            builds=lambda callee: self.rules.match("dataloaders", callee)
+                            is not None)
 
     # ------------------------------------------------------------ calls, in order
     def _block(self, body: list[ast.stmt], state: list[bool]) -> None:

@@ -16,6 +16,7 @@ from distify.analysis.bptt import RESHAPES, reshape_dim_names
 from distify.analysis.draws import may_draw_batches
 from distify.analysis.effects import writes_mode
 from distify.analysis.evaluation import EvalFlow, FlowFinder
+from distify.analysis.loaders import is_loaderish
 from distify.analysis.names import ImportMap
 from distify.analysis.parallelism import Parallelism
 from distify.analysis.training import Training, analyse, collect
@@ -190,10 +191,9 @@ def _loader_params(tree: ast.Module, imports: ImportMap, rules: RuleSet) -> dict
             loaders.update(t.id for t in node.targets if isinstance(t, ast.Name))
 
     def is_loader(value: ast.expr) -> bool:
-        if isinstance(value, ast.Call):
-            return rules.match("dataloaders", imports.ast_qualname(value.func)) is not None
-        name = _last_name(value)
-        return name is not None and (name in loaders or "loader" in name.lower())
+        return is_loaderish(value, imports.ast_qualname,
+                            known=lambda dotted: dotted.rsplit(".", 1)[-1] in loaders,
+                            builds=lambda callee: rules.match("dataloaders", callee) is not None)
 
     found: dict[str, set[str]] = {}
     for call in calls:

@@ -12,9 +12,10 @@ import libcst as cst
 from distify.analysis.effects import MEMORY_FILES
 from distify.analysis.evaluation import is_eval_context
 from distify.analysis.facts import FileFacts
+from distify.analysis.loaders import is_loaderish, is_loop_wrapper, unwrapped
 from distify.analysis.names import dotted_name
 from distify.convert.rewrites import REGISTRY
-from distify.convert.syntax import _LOOP_WRAPPERS, _callee, _code, _is_zero
+from distify.convert.syntax import _callee, _code, _is_zero
 from distify.rules import RuleSet
 
 
@@ -351,30 +352,20 @@ class TransformerBase(cst.CSTTransformer):
         return filled is None or param in filled
 
     def _loaderish(self, node: cst.BaseExpression) -> bool:
-        """Is ``node`` a DataLoader, or ``enumerate``/``tqdm``/``zip`` over one?"""
-        if isinstance(node, cst.Call):
-            if self._qual(node.func) in _LOOP_WRAPPERS and node.args:
-                return any(self._loaderish(arg.value) for arg in node.args if not arg.keyword)
-            return self.rules.match("dataloaders", self._qual(node.func)) is not None
-        if isinstance(node, cst.Name):
-            return self._is_loader_name(node.value) or "loader" in node.value.lower()
-        if isinstance(node, cst.Attribute):
-            return "loader" in node.attr.value.lower()
-        if isinstance(node, cst.Subscript):  # `dataloaders[phase]`, `loaders["train"]`
-            return isinstance(node.value, (cst.Name, cst.Attribute)) \
-                and self._loaderish(node.value)
-        return False
+        """Is ``node`` a DataLoader, or ``enumerate``/``tqdm``/``zip`` over one? (see
+        :func:`~distify.analysis.loaders.is_loaderish`; names bound here are known)"""
+        return is_loaderish(node, self._qual, known=self._is_loader_name,
+                            builds=self._builds_loader)
+
+    def _builds_loader(self, callee: str | None) -> bool:
+        return self.rules.match("dataloaders", callee) is not None
 
     def _note_loader_view(self, names: list[str] | set[str], value: cst.BaseExpression) -> None:
         """``bar = tqdm(train_loader)``, ``it = iter(loader)``, ``with tqdm(loader) as bar``: the
         names are views of the loader, and a loop over one is a loop over the loader."""
-        if isinstance(value, cst.Call) and self._qual(value.func) in _LOOP_WRAPPERS \
+        if isinstance(value, cst.Call) and is_loop_wrapper(self._qual(value.func)) \
                 and self._loaderish(value):
-            inner = value
-            while isinstance(inner, cst.Call) and inner.args \
-                    and self._qual(inner.func) in _LOOP_WRAPPERS:
-                inner = inner.args[0].value
-            source = dotted_name(inner)
+            source = dotted_name(unwrapped(value, self._qual))
             self._scope.loaders.update(names)
             if source is not None:
                 self._scope.loader_views.update(dict.fromkeys(names, source))

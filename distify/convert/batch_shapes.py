@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from distify.analysis.loaders import is_loop_wrapper
 from distify.analysis.names import dotted_name
 from distify.convert.base import TransformerBase
 from distify.convert.syntax import _code
@@ -78,7 +79,6 @@ _TENSOR_ATTRS = _KEEPS_BATCH | {"size", "shape", "view", "reshape", "dim", "nume
                                 "dtype", "expand", "sum", "mean", "argmax"}
 _VARIABLE = {"torch.autograd.Variable", "torch.autograd.variable.Variable"}
 _PARAMETERS = {"torch.nn.Parameter", "torch.nn.parameter.Parameter"}
-_WRAPPERS = {"enumerate", "tqdm", "tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "iter"}
 #: a name that holds the configured batch size, whatever the DataLoaders say
 _BATCH_NAME = re.compile(r"batch_?size$", re.IGNORECASE)
 
@@ -195,8 +195,9 @@ class BatchShapeMixin(TransformerBase):
 
     def _unwrap(self, iterated: cst.BaseExpression, target: cst.BaseExpression | None):
         """``enumerate(tqdm(loader))`` with ``i, (x, y)`` → ``loader`` and ``(x, y)``."""
+        # not through `zip`: its target is a tuple of several iterables' items
         while isinstance(iterated, cst.Call) and iterated.args \
-                and self._qual(iterated.func) in _WRAPPERS:
+                and is_loop_wrapper(self._qual(iterated.func), pairing=False):
             if iterated.args[0].keyword or iterated.args[0].star:
                 return None, None
             if self._qual(iterated.func) == "enumerate":

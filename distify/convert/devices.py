@@ -22,6 +22,7 @@ from typing import Callable
 
 import libcst as cst
 
+from distify.analysis.loaders import unwrapped
 from distify.analysis.names import dotted_name
 from distify.convert.base import Edit, TransformerBase
 from distify.convert.syntax import (
@@ -228,7 +229,6 @@ FRESH_MESSAGE = ("`{name}` is a fresh {cls}, neither prepared nor moved to {rt}.
                  "is called on the batches of a prepared loader, which are on {rt}.device(): on "
                  "a GPU machine the weights stay on the CPU (a device error); move it: "
                  "`{name}.to({rt}.device())`")
-_LOOP_WRAPPERS = {"enumerate", "tqdm", "tqdm.tqdm", "iter"}
 
 
 def fresh_models(module: cst.Module, model_classes: set[str], rt: str) -> list[Edit]:
@@ -292,9 +292,7 @@ class _FreshModels(cst.CSTVisitor):
             self.called_on_batches.add(func.value)
 
     def _over_prepared(self, node: cst.BaseExpression) -> bool:
-        while isinstance(node, cst.Call) and (dotted_name(node.func) or "") in _LOOP_WRAPPERS \
-                and node.args:
-            node = node.args[0].value
+        node = unwrapped(node, dotted_name)  # no imports here: the names as written
         return self._is_prepare(node) or isinstance(node, cst.Name) and \
             node.value in self.prepared
 

@@ -17,10 +17,10 @@ from collections import Counter
 
 import libcst as cst
 
+from distify.analysis.loaders import unwrapped
 from distify.analysis.names import dotted_name
 from distify.convert.base import TransformerBase, _Loop
 from distify.convert.syntax import (
-    _LOOP_WRAPPERS,
     _calls_method,
     _code,
     _has_modulo,
@@ -495,9 +495,7 @@ def _is_count_expression(node: cst.BaseExpression) -> bool:
 
 def _loader_name(node: cst.BaseExpression) -> str | None:
     """``train_loader`` for ``train_loader``, ``enumerate(train_loader)``, ``tqdm(self.loader)``."""
-    while isinstance(node, cst.Call) and node.args and dotted_name(node.func) in _LOOP_WRAPPERS:
-        node = node.args[0].value
-    return dotted_name(node)
+    return dotted_name(unwrapped(node, dotted_name))
 
 
 #: per-sample sums and counts: ``reduction="sum"``, ``.sum()``, ``x.size(0)``, ``len(y)``

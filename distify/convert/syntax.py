@@ -8,9 +8,6 @@ import libcst as cst
 
 from distify.analysis.names import dotted_name, read_names
 
-_LOOP_WRAPPERS = {"enumerate", "tqdm", "tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm",
-                  "tqdm.std.tqdm", "tqdm.rich.tqdm", "tqdm.autonotebook.tqdm", "torch.hub.tqdm",
-                  "iter", "zip"}
 _PARAM_METHODS = {"parameters", "named_parameters"}
 _DEVICE_WORDS = ("cuda", "mps", "xpu")
 

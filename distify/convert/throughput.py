@@ -25,9 +25,10 @@ from typing import Any
 
 import libcst as cst
 
+from distify.analysis.loaders import unwrapped
 from distify.analysis.names import dotted_name
 from distify.analysis.stops import calls_in
-from distify.convert.syntax import _LOOP_WRAPPERS, _code, _names_in
+from distify.convert.syntax import _code, _names_in
 
 _NOUN = r"(tok|toks|tokens?|samples?|examples?|images?|imgs|seqs?|sequences|words|chars)"
 #: a throughput counter's name: a noun with a counting prefix or suffix, or "throughput"
@@ -97,10 +98,7 @@ class _Finder(cst.CSTVisitor):
 
     def _over_a_loader(self, node: cst.For | cst.While) -> bool:
         if isinstance(node, cst.For):
-            source: Any = node.iter
-            while isinstance(source, cst.Call) and source.args \
-                    and (dotted_name(source.func) or "") in _LOOP_WRAPPERS:
-                source = source.args[0].value
+            source = unwrapped(node.iter, dotted_name)  # no imports here: names as written
             if _code(source) in self.loaders or _code(source) in self.iterators:
                 return True
         nexts = [call.args[0].value for call in calls_in(node.body, definitions=False)

@@ -1,0 +1,136 @@
+"""What a loop iterates: the one answer, for ``convert`` and ``check``, to "is this a DataLoader?".
+
+A loop is over a DataLoader when its iterable is one, directly or through a *loop wrapper*: a
+call whose iteration yields the items of its positional arguments in their order, adding at most
+an index (``enumerate``), a progress bar (``tqdm`` and its variants) or the items of another
+iterable beside them (``zip``); ``iter(loader)`` is the loader's own stream. The iterable is a
+DataLoader when it is built by a call the ``dataloaders`` rules name, when the site knows the
+name to be bound to one (a scope's assignments: the caller's knowledge), or when its name says
+so (``train_loader``, ``self.val_loader``, ``dataloaders[phase]``).
+
+Both trees are read: ``convert`` walks LibCST, the file facts and most checks the stdlib
+``ast``. LibCST is never imported here (``check`` does not load it for files it reads with
+``ast``): a LibCST node is recognised through the module its caller has loaded already.
+
+Callees are matched by qualified name (imports resolved: ``from tqdm.auto import tqdm`` calls
+``tqdm.auto.tqdm``). A site that has no import table passes the dotted name as written; the
+vocabulary holds the bare spellings (``tqdm``, ``enumerate``) for it, and for a ``tqdm`` bound
+by a star import.
+
+What it deliberately does not do: follow a wrapper of the file's own (``def batches(loader):
+yield from loader``), or read ``map``/``filter``/``itertools.islice`` as wrappers (they change
+the batches or their number, which the rewrites that unwrap a loop rely on).
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections.abc import Callable
+from typing import Any
+
+#: progress bars that iterate what they are given (``tqdm(loader)``)
+PROGRESS_BARS = frozenset({
+    "tqdm", "tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.std.tqdm",
+    "tqdm.rich.tqdm", "tqdm.autonotebook.tqdm", "torch.hub.tqdm"})
+#: wrappers that pair the items of several iterables (``for (x, y), z in zip(loader, other)``):
+#: their loop target is a tuple of items, not one item
+PAIRING = frozenset({"zip"})
+#: calls that hand a loop the items of their positional arguments (see the module docstring)
+LOOP_WRAPPERS = PROGRESS_BARS | PAIRING | {"enumerate", "iter"}
+
+Qualname = Callable[[Any], "str | None"]
+
+
+def is_loop_wrapper(callee: str | None, *, pairing: bool = True) -> bool:
+    """Is ``callee`` (a qualified or dotted name) a loop wrapper?
+
+    Args:
+        callee: the callee's qualified name (or, at a site without imports, its dotted name).
+        pairing: whether ``zip`` counts; a site that reads the loop target as one loader's
+            item (``for i, (x, y) in enumerate(loader)``) passes False.
+    """
+    return callee in LOOP_WRAPPERS and (pairing or callee not in PAIRING)
+
+
+def names_a_loader(dotted: str | None) -> bool:
+    """Does the name say it holds a loader (``train_loader``, ``self.dataloaders``)?"""
+    return dotted is not None and "loader" in dotted.rsplit(".", 1)[-1].lower()
+
+
+def unwrapped(node: Any, qualname: Qualname, *, pairing: bool = True) -> Any:
+    """``loader`` for ``enumerate(tqdm(loader))``: the iterable behind the loop wrappers
+    (through their first positional argument), or ``node`` itself."""
+    while True:
+        parts = _call(node)
+        if parts is None or not is_loop_wrapper(qualname(parts[0]), pairing=pairing):
+            return node
+        if not parts[1]:
+            return node
+        node = parts[1][0]
+
+
+def is_loaderish(node: Any, qualname: Qualname, *, known: Callable[[str], bool] | None = None,
+                 builds: Callable[[str | None], bool] | None = None) -> bool:
+    """Is ``node`` (either tree) a DataLoader, or a loop wrapper over one (any of its
+    positional arguments: ``zip(images, train_loader)``)?
+
+    Args:
+        node: the expression (a loop's iterable, an argument).
+        qualname: a callee's qualified name (see the module docstring).
+        known: whether a dotted name is bound to a DataLoader where the site reads it.
+        builds: whether a callee's qualified name builds a DataLoader (the ``dataloaders``
+            rules); without it no call is one.
+    """
+    parts = _call(node)
+    if parts is not None:
+        callee = qualname(parts[0])
+        if is_loop_wrapper(callee) and parts[1]:
+            return any(is_loaderish(arg, qualname, known=known, builds=builds)
+                       for arg in parts[1])
+        return builds is not None and builds(callee)
+    if _is_subscript(node):  # `dataloaders[phase]`, `loaders["train"]`
+        value = node.value
+        return _last_name(value) is not None and is_loaderish(value, qualname, known=known)
+    name = _last_name(node)
+    if name is None:
+        return False
+    dotted = _dotted(node)
+    return (known is not None and dotted is not None and known(dotted)) \
+        or "loader" in name.lower()
+
+
+def _call(node: Any) -> tuple[Any, list[Any]] | None:
+    """``(callee, positional arguments)`` of a call in either tree, else None. A starred
+    argument stands for what it unpacks (``zip(*loaders)``: ``loaders``)."""
+    if isinstance(node, ast.Call):
+        return node.func, [a.value if isinstance(a, ast.Starred) else a for a in node.args]
+    cst = sys.modules.get("libcst")
+    if cst is not None and isinstance(node, cst.Call):
+        return node.func, [a.value for a in node.args if a.keyword is None]
+    return None
+
+
+def _is_subscript(node: Any) -> bool:
+    cst = sys.modules.get("libcst")
+    return isinstance(node, ast.Subscript) or (cst is not None and isinstance(node, cst.Subscript))
+
+
+def _last_name(node: Any) -> str | None:
+    """``b`` of ``a.b`` (whatever ``a`` is), ``a`` of ``a``; else None."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    cst = sys.modules.get("libcst")
+    if cst is not None and isinstance(node, cst.Name):
+        return node.value
+    if cst is not None and isinstance(node, cst.Attribute):
+        return node.attr.value
+    return None
+
+
+def _dotted(node: Any) -> str | None:
+    from distify.analysis.names import ast_dotted_name, dotted_name
+
+    return ast_dotted_name(node) if isinstance(node, ast.AST) else dotted_name(node)
