@@ -83,6 +83,7 @@ from typing import Literal
 
 import libcst as cst
 
+from distify.analysis.loaders import LOOP_WRAPPERS, is_loop_wrapper
 from distify.analysis.names import dotted_name, read_names
 
 Action = Literal["reduce", "any", "all", "note"]
@@ -95,22 +96,20 @@ COLLECTIVES = frozenset({"reduce", "gather", "gather_for_metrics", "reduce_meter
                          "broadcast_object", "wait_for_everyone", "main_process_first",
                          "local_main_process_first", "any_process", "all_processes",
                          "save_state", "load_state"})
+#: progress bars and iterator wrappers (:mod:`.loaders`'s, and a sequence's ``reversed``, a
+#: ``trange``): only their positional arguments make the result
+_WRAPPERS = LOOP_WRAPPERS | {"reversed", "tqdm.trange", "tqdm.auto.trange"}
 #: builtins and library functions whose result depends on their arguments only
 _PURE_FUNCTIONS = frozenset({
     "abs", "all", "any", "bool", "dict", "divmod", "enumerate", "float", "int", "isinstance",
     "len", "list", "max", "min", "pow", "range", "reversed", "round", "set", "sorted", "str",
-    "sum", "tuple", "zip", "iter",
-    "itertools.count", "tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.trange",
-    "tqdm.auto.trange",
+    "sum", "tuple", "zip", "iter", "itertools.count", *_WRAPPERS,
     "numpy.mean", "numpy.sum", "numpy.abs", "numpy.isnan", "numpy.isfinite", "numpy.isinf",
     "numpy.array", "numpy.asarray", "numpy.sqrt", "numpy.exp", "numpy.log",
     "torch.isnan", "torch.isfinite", "torch.isinf", "torch.tensor", "torch.as_tensor",
     "torch.mean", "torch.sum", "torch.abs", "torch.stack", "torch.cat",
 })
 _PURE_MODULES = ("math.",)
-#: progress bars and iterator wrappers: only their positional arguments make the result
-_WRAPPERS = frozenset({"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.trange",
-                       "tqdm.auto.trange", "enumerate", "zip", "iter", "reversed"})
 #: methods whose result depends on their receiver and arguments only
 _PURE_METHODS = frozenset({
     "item", "mean", "sum", "float", "double", "int", "long", "half", "tolist", "cpu",
@@ -121,7 +120,6 @@ _PURE_METHODS = frozenset({
     "squeeze", "unsqueeze", "view", "reshape", "flatten",
 })
 _BUILTINS = frozenset(dir(builtins))
-_WRAPPER_NAMES = frozenset({"enumerate", "zip", "iter", "reversed", "tqdm"})
 _ORDERING = (cst.LessThan, cst.LessThanEqual, cst.GreaterThan, cst.GreaterThanEqual)
 
 
@@ -1053,7 +1051,7 @@ def _names_data(iterable: cst.BaseExpression) -> bool:
     """Is the loop over a name (``data``, ``self.loader``, ``enumerate(batches)``), which may
     hold a DataLoader, rather than over a literal or a ``range``/``count``?"""
     while isinstance(iterable, cst.Call) and iterable.args and (
-            dotted_name(iterable.func) or "").rsplit(".", 1)[-1] in _WRAPPER_NAMES:
+            is_loop_wrapper(callee := dotted_name(iterable.func)) or callee == "reversed"):
         iterable = iterable.args[0].value
     return isinstance(iterable, (cst.Name, cst.Attribute, cst.Subscript))
 

@@ -8,6 +8,7 @@ import ast
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
+from distify.analysis.loaders import is_loaderish
 from distify.analysis.names import dotted_name
 from distify.analysis.stops import FileFunctions, NestContext, Stop, find_stops
 from distify.lint.rule import Invalid, LintRule, Valid
@@ -257,11 +258,11 @@ class _Context:
             ends=lambda call: functions.ends(call, self.is_exit))
 
     def is_loader(self, node: cst.BaseExpression) -> bool:
-        while isinstance(node, cst.Call) and node.args and (dotted_name(node.func) or "") \
-                .rsplit(".", 1)[-1] in ("enumerate", "tqdm", "zip", "iter"):
-            node = node.args[0].value
-        name = dotted_name(node)
-        return name is not None and "loader" in name.rsplit(".", 1)[-1].lower()
+        """:func:`~distify.analysis.loaders.is_loaderish`, as convert asks it (without the
+        names its scopes bind)."""
+        ctx = self.rule.ctx
+        return is_loaderish(node, lambda func: ctx.imports.resolve(dotted_name(func)),
+                            builds=lambda callee: ctx.match("dataloaders", callee) is not None)
 
     def is_exit(self, call: cst.Call) -> bool:
         name = self.rule.ctx.imports.cst_loose_qualname(call.func)
