@@ -62,10 +62,9 @@ def unwrapped(node: Any, qualname: Qualname, *, pairing: bool = True) -> Any:
     """``loader`` for ``enumerate(tqdm(loader))``: the iterable behind the loop wrappers
     (through their first positional argument), or ``node`` itself."""
     while True:
-        parts = _call(node)
-        if parts is None or not is_loop_wrapper(qualname(parts[0]), pairing=pairing):
-            return node
-        if not parts[1]:
+        parts = _call(node, stars=False)
+        if parts is None or not parts[1] or not is_loop_wrapper(qualname(parts[0]),
+                                                                pairing=pairing):
             return node
         node = parts[1][0]
 
@@ -100,15 +99,22 @@ def is_loaderish(node: Any, qualname: Qualname, *, known: Callable[[str], bool] 
         or "loader" in name.lower()
 
 
-def _call(node: Any) -> tuple[Any, list[Any]] | None:
+def _call(node: Any, *, stars: bool = True) -> tuple[Any, list[Any]] | None:
     """``(callee, positional arguments)`` of a call in either tree, else None. A starred
-    argument stands for what it unpacks (``zip(*loaders)``: ``loaders``)."""
+    argument stands for what it unpacks (``zip(*loaders)``: ``loaders``); with ``stars=False``
+    the arguments end before it (what it unpacks is not one of them)."""
     if isinstance(node, ast.Call):
-        return node.func, [a.value if isinstance(a, ast.Starred) else a for a in node.args]
-    cst = sys.modules.get("libcst")
-    if cst is not None and isinstance(node, cst.Call):
-        return node.func, [a.value for a in node.args if a.keyword is None]
-    return None
+        args = [(a.value, True) if isinstance(a, ast.Starred) else (a, False) for a in node.args]
+    else:
+        cst = sys.modules.get("libcst")
+        if cst is None or not isinstance(node, cst.Call):
+            return None
+        args = [(a.value, bool(a.star)) for a in node.args
+                if a.keyword is None and a.star != "**"]
+    if not stars:
+        starred = [star for _, star in args]
+        args = args[:starred.index(True)] if True in starred else args
+    return node.func, [value for value, _ in args]
 
 
 def _is_subscript(node: Any) -> bool:
