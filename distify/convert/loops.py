@@ -17,6 +17,7 @@ from collections import Counter
 
 import libcst as cst
 
+from distify.analysis.codemods import backward_through
 from distify.analysis.loaders import unwrapped
 from distify.analysis.names import dotted_name
 from distify.convert.base import TransformerBase, _Loop
@@ -381,8 +382,7 @@ class LoopMixin(TransformerBase):
         if self._skipped("backward", updated):
             self._mark_backward(updated)
             return updated
-        new = cst.Call(func=self._rt_attr("backward"),
-                       args=[cst.Arg(func.value), *updated.args])
+        new = backward_through(updated, cst.Name(self.rt))
         self._edit(new, "backward", "backward through the runtime (loss scaling under fp16)")
         self._mark_backward(new)
         return new

@@ -32,6 +32,7 @@ from collections.abc import Sequence
 
 import libcst as cst
 
+from distify.analysis.codemods import guarded, merge_guards
 from distify.analysis.downloads import DownloadUnit, download_units, may_download
 from distify.analysis.effects import (
     HANDLE_KEYWORDS,
@@ -460,27 +461,16 @@ class SideEffectMixin(TransformerBase):
 
     def _main_only(self, stmt, message: str) -> cst.If:
         """``if rt.is_main_process():`` around ``stmt`` (which keeps its comments above)."""
-        inner = stmt.with_changes(leading_lines=())
-        guard = cst.If(test=self._rt_call("is_main_process"), body=cst.IndentedBlock([inner]),
-                       leading_lines=stmt.leading_lines)
-        self._edit(inner, "guard", message)
+        guard = guarded([stmt], self._rt_call("is_main_process"))
+        self._edit(guard.body.body[0], "guard", message)
         self._guards.add(guard)
         return guard
 
     def _merge_guards(self, body: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
-        """Adjacent statements guarded by the rewrite share one ``if rt.is_main_process():``."""
-        out: list[cst.BaseStatement] = []
-        for stmt in body:
-            previous = out[-1] if out else None
-            if (previous is not None and stmt in self._guards and previous in self._guards
-                    and not stmt.leading_lines):
-                merged = previous.with_changes(body=previous.body.with_changes(
-                    body=[*previous.body.body, *stmt.body.body]))
-                self._guards.add(merged)
-                out[-1] = merged
-            else:
-                out.append(stmt)
-        return out
+        """Adjacent statements guarded by the rewrite share one ``if rt.is_main_process():``
+        (not across a comment or a blank line, which stay where the script has them)."""
+        return merge_guards(body, lambda stmt: stmt in self._guards or None,
+                            across_comments=False, merged=self._guards.add)
 
     def visit_With(self, node: cst.With) -> None:
         for item in node.items:
@@ -575,11 +565,10 @@ class SideEffectMixin(TransformerBase):
         return out
 
     def _download_unit_block(self, run: list[cst.BaseStatement]) -> cst.With:
-        first = run[0]
-        inner = cst.If(test=self._rt_call("is_main_process"), body=cst.IndentedBlock(
-            [first.with_changes(leading_lines=()), *run[1:]]))
+        inner = guarded(run, self._rt_call("is_main_process"))
         block = cst.With(items=[cst.WithItem(self._rt_call("main_process_first"))],
-                         body=cst.IndentedBlock([inner]), leading_lines=first.leading_lines)
+                         body=cst.IndentedBlock([inner.with_changes(leading_lines=())]),
+                         leading_lines=inner.leading_lines)
         self._edit(block.items[0], "download", "a hand-written download run as one unit: the "
                    "main process fetches, writes, extracts and removes its files; the others "
                    "wait, then read what it left")

@@ -3,7 +3,9 @@
 The analysis runs on the stdlib ``ast``; only files with fixable findings are parsed again with
 LibCST here, and ``PositionProvider`` (the one metadata we need) finds the statements and calls
 the fixes name by their line and column. Adjacent statements wrapped with the same guard share
-one ``if``; a fix inside a statement that another fix already wraps is dropped.
+one ``if`` (across comments and blank lines, which move inside it); a fix inside a statement that
+another fix already wraps is dropped. The edits themselves are convert's
+(:mod:`distify.analysis.codemods`).
 
 A fix never adds an import: the guards are spelled in the file's own vocabulary (see
 :mod:`distify.lint.checks._guard_style`), so a fixed script runs wherever it ran before. A fix
@@ -18,6 +20,7 @@ from collections.abc import Sequence
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
+from distify.analysis.codemods import backward_through, guarded, merge_guards
 from distify.lint.model import Fix
 
 
@@ -78,9 +81,7 @@ class _Fixer(cst.CSTTransformer):
         func = updated_node.func
         if fix is None or not isinstance(func, cst.Attribute):
             return updated_node
-        loss = func.value.with_changes(lpar=[], rpar=[])
-        return updated_node.with_changes(func=cst.parse_expression(f"{fix.receiver}.backward"),
-                                         args=[cst.Arg(loss), *updated_node.args])
+        return backward_through(updated_node, cst.parse_expression(fix.receiver))
 
     def leave_IndentedBlock(self, original_node, updated_node):
         return updated_node.with_changes(body=self._wrap(original_node.body, updated_node.body))
@@ -89,28 +90,14 @@ class _Fixer(cst.CSTTransformer):
         return updated_node.with_changes(body=self._wrap(original_node.body, updated_node.body))
 
     def _wrap(self, originals, updated) -> list:
+        tests: dict[int, str] = {}  # id of each `if` added here → its test
         out: list = []
-        group: list = []
-        guard = None
         for original, new in zip(originals, updated):
             fix = self._guard(original)
-            if fix is not None and fix.guard == guard:
-                group.append(new)
-                continue
-            if group:
-                out.append(_if(guard, group))
-                group, guard = [], None
-            if fix is None:
-                out.append(new)
-            else:
-                group, guard = [new], fix.guard
-        if group:
-            out.append(_if(guard, group))
-        return out
-
-
-def _if(guard: str, stmts: list) -> cst.If:
-    first = stmts[0]
-    body = [first.with_changes(leading_lines=()), *stmts[1:]]
-    return cst.If(test=cst.parse_expression(guard), body=cst.IndentedBlock(body=body),
-                  leading_lines=first.leading_lines)
+            if fix is not None:
+                new = guarded([new], cst.parse_expression(fix.guard))
+                tests[id(new)] = fix.guard
+            out.append(new)
+        if not tests:
+            return out
+        return merge_guards(out, lambda stmt: tests.get(id(stmt)), across_comments=True)
