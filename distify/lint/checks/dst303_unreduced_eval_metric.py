@@ -182,6 +182,8 @@ class UnreducedEvalMetric(LintRule):
         return any(line < node.lineno for line in self.eval_lines.get(function, ()))
 
     def _iterates_sharded(self, expr: ast.expr, function: ast.AST | None) -> bool:
+        # through any call, not only analysis.loaders' wrappers: a sum over
+        # `islice(val_loader, n)` or `map(f, val_loader)` is still one shard's
         while isinstance(expr, ast.Call) and expr.args:
             expr = expr.args[0]  # enumerate(tqdm(loader))
         name = ast_dotted_name(expr)
