@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from distify.analysis.loaders import names_a_loader
 from distify.analysis.names import dotted_name
 from distify.convert.base import TransformerBase, _Loop
 from distify.convert.loops import _per_sample
@@ -155,7 +156,7 @@ class CollectedMixin(TransformerBase):
         suggests could be one (``zip(references, hypotheses)`` in a metric helper)?"""
         source = loop.loader
         return loop.loaderish and (source is None or source not in self._scope.params
-                                   or "loader" in source.lower())
+                                   or names_a_loader(source))
 
     def leave_Assign(self, original: cst.Assign, updated: cst.Assign):
         updated = self._gather_grown(original, updated)
