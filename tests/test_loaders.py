@@ -18,7 +18,7 @@ import pytest
 from distify.analysis.evaluation import FlowFinder
 from distify.analysis.facts import gather_facts, parse_ast
 from distify.analysis.loaders import LOOP_WRAPPERS, is_loaderish, is_loop_wrapper, unwrapped
-from distify.analysis.names import ImportMap, ast_dotted_name, dotted_name
+from distify.analysis.names import ImportMap, dotted_name
 from distify.convert.engine import convert_source
 from distify.convert.transformer import DistifyTransformer
 from distify.lint.checks.dst203_data_dependent_collective import (
@@ -30,6 +30,7 @@ from distify.lint.engine import FileContext, LintOptions
 from distify.lint.matcher import Matcher
 from distify.lint.registry import all_codes
 from distify.rules import default_rules
+from tests.test_devices import _FRESH as _DEVICES_FRESH
 
 IMPORTS = """\
 import torch
@@ -135,7 +136,6 @@ def test_the_vocabulary() -> None:
     assert not any(is_loop_wrapper(name) for name in ("map", "filter", "reversed", "range",
                                                       "itertools.islice", "tqdm.trange", None))
     assert is_loop_wrapper("zip") and not is_loop_wrapper("zip", pairing=False)
-    assert ast_dotted_name(ast.parse("a.b").body[0].value) == "a.b"  # the helper the table uses
 
 
 # ------------------------------------------------------------------ conversions that changed
@@ -168,36 +168,11 @@ def test_batch_shapes_see_through_every_progress_bar(imports: str, iterable: str
     assert ("images.reshape(images.size(0), -1)" in out) is rewritten, out
 
 
-_FRESH = """\
-import torch
-import torch.nn as nn
-import tqdm.auto
-from torch.utils.data import DataLoader
-
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(4, 2)
-
-    def forward(self, x):
-        return self.fc(x)
-
-
-device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-model = Net().to(device)
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-loader = DataLoader(data)
-for x, y in loader:
-    opt.zero_grad()
-    model(x.to(device)).sum().backward()
-    opt.step()
-torch.save(model.state_dict(), "m.pt")
-best = Net()
-best.load_state_dict(torch.load("m.pt"))
-for {target} in {iterable}:
-    print(best(x).sum())
-"""
+def _fresh(target: str, iterable: str) -> str:
+    """test_devices' script, its last loop (a fresh model on prepared batches) over
+    ``iterable``."""
+    head, last = _DEVICES_FRESH.format(after="best.eval()").rsplit("for x, y in loader:", 1)
+    return f"{head}for {target} in {iterable}:{last}"
 
 
 @pytest.mark.parametrize(("target", "iterable", "reported"), [
@@ -211,7 +186,7 @@ def test_a_fresh_model_on_batches_through_any_wrapper_is_reported(target: str, i
     """Improvement: the fresh-model note (a model left on the CPU, called on a prepared loader's
     batches, which are on the device) now sees the loader through ``tqdm.auto.tqdm`` and
     ``zip`` too."""
-    source = _FRESH.format(target=target, iterable=iterable)
+    source = _fresh(target, iterable)
     notes = [n for n in convert_source(source.encode(), "train.py").notes
              if "is a fresh Net" in n.message]
     assert len(notes) == reported, notes
