@@ -27,7 +27,9 @@ from __future__ import annotations
 import ast
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
+
+from distify.analysis.names import ast_dotted_name, dotted_name
 
 #: progress bars that iterate what they are given (``tqdm(loader)``)
 PROGRESS_BARS = frozenset({
@@ -81,62 +83,70 @@ def is_loaderish(node: Any, qualname: Qualname, *, known: Callable[[str], bool] 
         builds: whether a callee's qualified name builds a DataLoader (the ``dataloaders``
             rules); without it no call is one.
     """
-    parts = _call(node)
-    if parts is not None:
+    kinds = _kinds(node)
+    if kinds is None:
+        return False
+    if isinstance(node, kinds.call):
+        parts = _call(node)
         callee = qualname(parts[0])
         if is_loop_wrapper(callee) and parts[1]:
             return any(is_loaderish(arg, qualname, known=known, builds=builds)
                        for arg in parts[1])
         return builds is not None and builds(callee)
-    if _is_subscript(node):  # `dataloaders[phase]`, `loaders["train"]`
+    if isinstance(node, kinds.subscript):  # `dataloaders[phase]`, `loaders["train"]`
         value = node.value
-        return _last_name(value) is not None and is_loaderish(value, qualname, known=known)
-    name = _last_name(node)
-    if name is None:
-        return False
-    dotted = _dotted(node)
-    return (known is not None and dotted is not None and known(dotted)) \
-        or "loader" in name.lower()
+        return isinstance(value, (kinds.name, kinds.attribute)) \
+            and is_loaderish(value, qualname, known=known)
+    if isinstance(node, kinds.name):
+        name = node.id if kinds.ast else node.value
+        return "loader" in name.lower() or (known is not None and known(name))
+    if isinstance(node, kinds.attribute):
+        name = node.attr if kinds.ast else node.attr.value
+        if "loader" in name.lower():
+            return True
+        dotted = ast_dotted_name(node) if kinds.ast else dotted_name(node)
+        return known is not None and dotted is not None and known(dotted)
+    return False
+
+
+class _Kinds(NamedTuple):
+    """The node types of one tree."""
+
+    ast: bool
+    call: type
+    subscript: type
+    name: type
+    attribute: type
+
+
+_AST = _Kinds(True, ast.Call, ast.Subscript, ast.Name, ast.Attribute)
+_CST: list[_Kinds] = []  # LibCST's, once a caller has loaded it
+
+
+def _kinds(node: Any) -> _Kinds | None:
+    if isinstance(node, ast.AST):
+        return _AST
+    if not _CST:
+        cst = sys.modules.get("libcst")
+        if cst is None:
+            return None
+        _CST.append(_Kinds(False, cst.Call, cst.Subscript, cst.Name, cst.Attribute))
+    return _CST[0]
 
 
 def _call(node: Any, *, stars: bool = True) -> tuple[Any, list[Any]] | None:
     """``(callee, positional arguments)`` of a call in either tree, else None. A starred
     argument stands for what it unpacks (``zip(*loaders)``: ``loaders``); with ``stars=False``
     the arguments end before it (what it unpacks is not one of them)."""
-    if isinstance(node, ast.Call):
+    kinds = _kinds(node)
+    if kinds is None or not isinstance(node, kinds.call):
+        return None
+    if kinds.ast:
         args = [(a.value, True) if isinstance(a, ast.Starred) else (a, False) for a in node.args]
     else:
-        cst = sys.modules.get("libcst")
-        if cst is None or not isinstance(node, cst.Call):
-            return None
         args = [(a.value, bool(a.star)) for a in node.args
                 if a.keyword is None and a.star != "**"]
     if not stars:
         starred = [star for _, star in args]
         args = args[:starred.index(True)] if True in starred else args
     return node.func, [value for value, _ in args]
-
-
-def _is_subscript(node: Any) -> bool:
-    cst = sys.modules.get("libcst")
-    return isinstance(node, ast.Subscript) or (cst is not None and isinstance(node, cst.Subscript))
-
-
-def _last_name(node: Any) -> str | None:
-    """``b`` of ``a.b`` (whatever ``a`` is), ``a`` of ``a``; else None."""
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        return node.attr
-    cst = sys.modules.get("libcst")
-    if cst is not None and isinstance(node, cst.Name):
-        return node.value
-    if cst is not None and isinstance(node, cst.Attribute):
-        return node.attr.value
-    return None
-
-
-def _dotted(node: Any) -> str | None:
-    from distify.analysis.names import ast_dotted_name, dotted_name
-
-    return ast_dotted_name(node) if isinstance(node, ast.AST) else dotted_name(node)
