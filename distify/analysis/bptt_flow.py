@@ -42,6 +42,7 @@ import libcst as cst
 
 from distify.analysis.bptt import RESHAPES
 from distify.analysis.names import dotted_name
+from distify.analysis.walk import walk
 
 #: what a use may read of a stream without taking its data: its length, shape, place
 _LENGTH_ATTRS = frozenset({"size", "shape", "ndim", "dim", "numel", "dtype", "device"})
@@ -72,7 +73,7 @@ class StreamFlow:
 
 def find_streams(module: cst.Module) -> StreamFlow:
     finder = _Finder()
-    module.visit(finder)
+    walk(module, finder)
     return _Answer(finder).result()
 
 

@@ -24,6 +24,7 @@ import libcst as cst
 from distify.analysis.effects import cst_shape, side_effect
 from distify.analysis.names import ImportMap, read_names
 from distify.analysis.stops import calls_in
+from distify.analysis.walk import walk
 
 _SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 
@@ -54,7 +55,7 @@ _BROAD_ROOTS = frozenset({"torch", "torchvision"})
 def download_units(module: cst.Module, rules: Any, imports: ImportMap) -> list[DownloadUnit]:
     """The download units of every block of ``module`` (nested blocks included)."""
     finder = _Finder(rules, imports)
-    module.visit(finder)
+    walk(module, finder)
     # A statement whose own block holds the download and that runs more than a download
     # (`if __name__ == "__main__":` around the whole script, a loop that trains) is no part of
     # a unit: the unit is inside it. Taken whole, the main process alone would run everything

@@ -31,6 +31,7 @@ import libcst as cst
 
 from distify.analysis.draws import TORCH_LOOP_DRAWS, draw_family
 from distify.analysis.names import ImportMap, dotted_name
+from distify.analysis.walk import walk
 
 #: the runtime helpers a converted draw goes through (so a second conversion sees it)
 _CONVERTED = {"numpy_random": "numpy", "python_random": "python"}
@@ -73,7 +74,7 @@ class _ScopeInfo:
 
 def find_draw_flow(module: cst.Module, imports: ImportMap) -> DrawFlow:
     finder = _Finder(imports)
-    module.visit(finder)
+    walk(module, finder)
     return finder.result()
 
 

@@ -85,6 +85,7 @@ import libcst as cst
 
 from distify.analysis.loaders import LOOP_WRAPPERS, is_loop_wrapper
 from distify.analysis.names import dotted_name, read_names
+from distify.analysis.walk import walk
 
 Action = Literal["reduce", "any", "all", "note"]
 
@@ -1094,7 +1095,7 @@ class _Calls(cst.CSTVisitor):
 def _calls(node: cst.CSTNode, definitions: bool = True) -> list[cst.Call]:
     """The calls in ``node`` (not in lambdas; in nested ``def``s only with ``definitions``)."""
     finder = _Calls(definitions)
-    node.visit(finder)
+    walk(node, finder)
     return finder.calls
 
 

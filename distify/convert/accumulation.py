@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from distify.analysis.names import dotted_name
+from distify.analysis.walk import walk
 from distify.convert.base import TransformerBase
 from distify.convert.syntax import _code, _names_in, _strip_parens
 from distify.convert.throughput import counter_lines
@@ -97,7 +98,7 @@ class AccumulationMixin(TransformerBase):
     def visit_Module(self, node: cst.Module) -> None:
         super().visit_Module(node)
         finder = _MicroStepFinder()
-        node.visit(finder)
+        walk(node, finder)
         self._micro_steps: dict[int, _MicroSteps] = {id(loop): found
                                                      for loop, found in finder.loops}
         self._micro_depth = 0  # micro-step loops being rewritten
@@ -120,7 +121,7 @@ class AccumulationMixin(TransformerBase):
         self._line_notes: list[str] = []  # for the line being left
         self._losses = {name for found in self._micro_steps.values() for name in found.losses}
         loaders = _LoaderNames(self)
-        node.visit(loaders)
+        walk(node, loaders)
         fed: set[int] = set()
         for flow in (getattr(self, "_draw_flow", None), getattr(self, "_stream_flow", None)):
             if flow is not None:
@@ -156,7 +157,7 @@ class AccumulationMixin(TransformerBase):
         if not found.nexts:
             return False
         loaders = _LoaderNames(self)
-        module.visit(loaders)
+        walk(module, loaders)
         return any(_code(source) in loaders.iterators or (
             isinstance(source, cst.Call) and dotted_name(source.func) == "iter"
             and source.args and _code(source.args[0].value) in loaders.loaders)
@@ -615,7 +616,7 @@ def _count_lines(module: cst.Module, counts: set[str]) -> dict[str, _Count]:
                 elif isinstance(small, (cst.AugAssign, cst.AnnAssign)):
                     changed.update(_names_in(small.target) & counts)
 
-    module.visit(_Visitor())
+    walk(module, _Visitor())
     found: dict[str, _Count] = {}
     for name, where in lines.items():
         if len(where) != 1 or name in changed or len(where[0].body) != 1:

@@ -24,6 +24,7 @@ import libcst as cst
 
 from distify.analysis.loaders import unwrapped
 from distify.analysis.names import dotted_name
+from distify.analysis.walk import walk
 from distify.convert.base import Edit, TransformerBase
 from distify.convert.syntax import (
     _is_cpu,
@@ -62,7 +63,7 @@ def stays_on_cpu(module: cst.Module) -> bool:
     ``torch.from_numpy(state)`` or ``torch.zeros(n)`` stay on the CPU. When in doubt (a device
     from a setting, a function or a flag), it is not CPU-only."""
     finder = _DeviceFinder()
-    module.visit(finder)
+    walk(module, finder)
     if finder.accelerator:
         return False
     cpu_names = {name for name, values in finder.assigned.items() if all(map(_is_cpu, values))}
@@ -164,7 +165,7 @@ def forward_factories(module: cst.Module, model_classes: set[str],
     of them may be the prepared model or one of its parts): notes for a script that is not
     CPU-only, whose model ``prepare`` puts on the accelerator."""
     finder = _ForwardFactories(model_classes, qual, rt)
-    module.visit(finder)
+    walk(module, finder)
     return finder.found
 
 
@@ -238,7 +239,7 @@ def fresh_models(module: cst.Module, model_classes: set[str], rt: str) -> list[E
     the line that makes it. Names are matched over the whole script (not scope by scope), in
     source order: a prepared ``net`` made again by ``net = Net()`` is fresh from there on."""
     finder = _FreshModels(model_classes, rt)
-    module.visit(finder)
+    walk(module, finder)
     return [Edit(node, "device", FRESH_MESSAGE.format(name=name, cls=cls, rt=rt),
                  needs_human=True)
             for name, (node, cls) in finder.made.items()

@@ -28,6 +28,7 @@ import libcst as cst
 from distify.analysis.loaders import unwrapped
 from distify.analysis.names import dotted_name
 from distify.analysis.stops import calls_in
+from distify.analysis.walk import walk
 from distify.convert.syntax import _code, _names_in
 
 _NOUN = r"(tok|toks|tokens?|samples?|examples?|images?|imgs|seqs?|sequences|words|chars)"
@@ -47,7 +48,7 @@ def counter_lines(module: cst.Module, loaders: set[str], iterators: set[str],
         micro_counts: the micro-step counts (their counters belong to :mod:`.accumulation`).
     """
     finder = _Finder(loaders, iterators, fed_backwards, micro_counts)
-    module.visit(finder)
+    walk(module, finder)
     return finder.found
 
 

@@ -1,0 +1,182 @@
+"""A read-only walk of a LibCST tree for a ``CSTVisitor``: the hooks ``node.visit(visitor)``
+would call, in the same order, on the same nodes, without rebuilding the tree.
+
+LibCST's ``visit`` serves transformers and visitors alike, so it rebuilds every node it visits
+(a new node, validated, per node) and calls the attribute hooks for every field, even for a
+visitor that only reads. The analyses a conversion runs over a whole module (micro-steps,
+loaders, throughput counters, CPU-only devices, fresh models) paid that cost once each, several
+times the cost of the one rewriting pass (``benchmarks/results/convert.md``). :func:`walk` reads
+the children LibCST would visit (each node type's fields, in the order LibCST's own
+``_visit_and_replace_children`` visits them, learnt through the public attribute hooks the first
+time a type is met) and calls only the hooks the visitor defines. It also skips the subtrees
+where no node type the visitor hooks can be: whitespace and punctuation always (unless hooked),
+and every expression when the visitor only hooks statements.
+
+What it deliberately does not do: visitors with attribute hooks (``visit_Call_func``,
+``on_visit_attribute``) are handed to LibCST's own ``visit``; a visitor that overrides
+``on_visit``/``on_leave`` sees every node (nothing is skipped for it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import libcst as cst
+
+#: whitespace, comments and punctuation: their subtrees hold nothing else
+_PUNCTUATION = (
+    cst.SimpleWhitespace, cst.ParenthesizedWhitespace, cst.TrailingWhitespace, cst.EmptyLine,
+    cst.Newline, cst.Comment, cst.LeftParen, cst.RightParen, cst.LeftSquareBracket,
+    cst.RightSquareBracket, cst.LeftCurlyBrace, cst.RightCurlyBrace, cst.Comma, cst.Dot,
+    cst.AssignEqual, cst.Colon, cst.Semicolon, cst.BaseBinaryOp, cst.BaseUnaryOp, cst.BaseCompOp,
+    cst.BaseAugOp, cst.BaseBooleanOp)
+#: nodes that are statements, or hold statements, and nothing an expression can hold
+_STATEMENT_LEVEL = (cst.Module, cst.BaseStatement, cst.BaseSmallStatement, cst.BaseSuite,
+                    cst.Else, cst.Finally, cst.ExceptHandler, cst.ExceptStarHandler,
+                    cst.MatchCase)
+#: the nodes below which a statement can be (an expression never holds one)
+_HOLDS_STATEMENTS = (cst.Module, cst.BaseCompoundStatement, cst.BaseSuite,
+                     cst.SimpleStatementLine, cst.Else, cst.Finally, cst.ExceptHandler,
+                     cst.ExceptStarHandler, cst.MatchCase)
+
+_SKIP, _NO_CHILDREN, _CHILDREN = 0, 1, 2
+
+#: node type → the fields LibCST visits, in its order; and the other fields of the type
+_ORDER: dict[type, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+
+
+class _FieldOrder(cst.CSTVisitor):
+    """Records the fields LibCST visits on one node, in order, without going deeper."""
+
+    def __init__(self, root: cst.CSTNode) -> None:
+        super().__init__()
+        self.root = root
+        self.fields: list[str] = []
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        return node is self.root
+
+    def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
+        if node is self.root:
+            self.fields.append(attribute)
+
+
+def _learn_order(node: cst.CSTNode) -> tuple[str, ...]:
+    recorder = _FieldOrder(node)
+    node.visit(recorder)
+    visited = tuple(dict.fromkeys(recorder.fields))
+    known = _ORDER.get(type(node))
+    if known is None or len(visited) > len(known[0]):
+        others = tuple(name for name in node.__dataclass_fields__ if name not in visited)
+        _ORDER[type(node)] = (visited, others)
+    return visited
+
+
+def _order(node: cst.CSTNode) -> tuple[str, ...]:
+    """The fields of ``node`` LibCST visits, in its order. A few node types visit a field only
+    when it is set (``format_spec``): met first without it, the type is learnt again."""
+    known = _ORDER.get(type(node))
+    if known is None:
+        return _learn_order(node)
+    for name in known[1]:
+        value = getattr(node, name)
+        if isinstance(value, cst.CSTNode) or isinstance(value, (tuple, list)) and value \
+                and isinstance(value[0], cst.CSTNode):
+            return _learn_order(node)
+    return known[0]
+
+
+def _own(cls: type, name: str) -> Callable | None:
+    """``cls``'s hook ``name``, or None where it is LibCST's default (which does nothing)."""
+    method = getattr(cls, name, None)
+    return None if method is None or method is getattr(cst.CSTVisitor, name, None) else method
+
+
+class _Plan:
+    """What to do at each node type for the visitors of one class."""
+
+    def __init__(self, cls: type, hooked: list[type]) -> None:
+        self.cls = cls
+        #: it overrides on_visit/on_leave: every node goes to them
+        self.generic = _own(cls, "on_visit") is not None or _own(cls, "on_leave") is not None
+        self.statements_only = all(issubclass(kind, _STATEMENT_LEVEL) for kind in hooked)
+        self.punctuation = any(issubclass(kind, _PUNCTUATION) for kind in hooked)
+        #: node type → (visit hook, leave hook, _SKIP / _NO_CHILDREN / _CHILDREN)
+        self.steps: dict[type, tuple[Callable | None, Callable | None, int]] = {}
+
+    def step(self, kind: type) -> tuple[Callable | None, Callable | None, int]:
+        visit = _own(self.cls, f"visit_{kind.__name__}")
+        leave = _own(self.cls, f"leave_{kind.__name__}")
+        if issubclass(kind, _PUNCTUATION) and not self.punctuation:
+            what = _SKIP
+        elif self.statements_only and not issubclass(kind, _HOLDS_STATEMENTS):
+            what = _NO_CHILDREN if visit is not None or leave is not None else _SKIP
+        else:
+            what = _CHILDREN
+        step = self.steps[kind] = (visit, leave, what)
+        return step
+
+
+#: visitor class → its plan, or None: its attribute hooks need LibCST's own visit
+_PLANS: dict[type, _Plan | None] = {}
+
+
+def _plan(cls: type) -> _Plan | None:
+    if cls in _PLANS:
+        return _PLANS[cls]
+    hooked: list[type] = []
+    attribute_hooks = any(_own(cls, name) is not None
+                          for name in ("on_visit_attribute", "on_leave_attribute"))
+    for name in dir(cls):
+        if not name.startswith(("visit_", "leave_")) or _own(cls, name) is None:
+            continue
+        kind = getattr(cst, name.split("_", 1)[1], None)
+        if isinstance(kind, type) and issubclass(kind, cst.CSTNode):
+            hooked.append(kind)
+        else:  # visit_Call_func: an attribute hook
+            attribute_hooks = True
+    plan = _PLANS[cls] = None if attribute_hooks else _Plan(cls, hooked)
+    return plan
+
+
+def walk(node: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
+    """Call ``visitor``'s hooks on ``node`` and its descendants, as ``node.visit(visitor)``
+    does, without rebuilding the tree (see the module's docstring)."""
+    plan = _plan(type(visitor))
+    if plan is None:
+        node.visit(visitor)
+    elif plan.generic:
+        _walk_generic(node, visitor)
+    else:
+        _walk(node, visitor, plan)
+
+
+def _walk(node: cst.CSTNode, visitor: cst.CSTVisitor, plan: _Plan) -> None:
+    step = plan.steps.get(type(node))
+    if step is None:
+        step = plan.step(type(node))
+    visit, leave, what = step
+    if what == _SKIP:
+        return
+    if (visit is None or visit(visitor, node) is not False) and what == _CHILDREN:
+        for name in _order(node):
+            value = getattr(node, name)
+            if isinstance(value, cst.CSTNode):
+                _walk(value, visitor, plan)
+            elif isinstance(value, (tuple, list)):
+                for child in value:
+                    _walk(child, visitor, plan)
+    if leave is not None:
+        leave(visitor, node)
+
+
+def _walk_generic(node: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
+    if visitor.on_visit(node):
+        for name in _order(node):
+            value = getattr(node, name)
+            if isinstance(value, cst.CSTNode):
+                _walk_generic(value, visitor)
+            elif isinstance(value, (tuple, list)):
+                for child in value:
+                    _walk_generic(child, visitor)
+    visitor.on_leave(node)
