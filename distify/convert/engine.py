@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -101,6 +102,12 @@ def convert_source(source: bytes, path: str = "<string>", rules: RuleSet | None 
     Raises:
         UserError: the source is not valid Python (the message carries ``path:line:col``).
     """
+    with _fewer_collections():
+        return _convert(source, path, rules, runtime_module, helper)
+
+
+def _convert(source: bytes, path: str, rules: RuleSet | None, runtime_module: str,
+             helper: bool) -> FileResult:
     rules = rules or default_rules()
     tree = parse_ast(source, path)  # cheap, and a syntax error is reported even without torch
     facts = gather_facts(tree, source, rules) if helper or b"torch" in source else None
@@ -172,6 +179,24 @@ def _deep_recursion(path: str) -> Iterator[None]:
                         "statements", path=path, line=1, col=1) from None
     finally:
         sys.setrecursionlimit(limit)
+
+
+#: allocations between two young-generation collections during a rewrite (Python's default: 700)
+_GC_THRESHOLD = 100_000
+
+
+@contextlib.contextmanager
+def _fewer_collections() -> Iterator[None]:
+    """LibCST's parse and the rewrite allocate a node for most nodes of the file, and the
+    garbage collector, triggered every 700 allocations, scans the growing young generation
+    again and again: about a fifth of a large file's conversion
+    (``benchmarks/results/convert.md``). Collect less often while a conversion runs."""
+    threshold = gc.get_threshold()
+    gc.set_threshold(max(threshold[0], _GC_THRESHOLD), *threshold[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*threshold)
 
 
 def _parse_cst(source: bytes, path: str) -> cst.Module:
