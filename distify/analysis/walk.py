@@ -41,7 +41,8 @@ _HOLDS_STATEMENTS = (cst.Module, cst.BaseCompoundStatement, cst.BaseSuite,
 
 _SKIP, _NO_CHILDREN, _CHILDREN = 0, 1, 2
 
-#: node type → the fields LibCST visits, in its order; and the other fields of the type
+#: node type → the fields LibCST visits, in its order; and the fields it left unvisited because
+#: they held None
 _ORDER: dict[type, tuple[tuple[str, ...], tuple[str, ...]]] = {}
 
 
@@ -67,7 +68,10 @@ def _learn_order(node: cst.CSTNode) -> tuple[str, ...]:
     visited = tuple(dict.fromkeys(recorder.fields))
     known = _ORDER.get(type(node))
     if known is None or len(visited) > len(known[0]):
-        others = tuple(name for name in node.__dataclass_fields__ if name not in visited)
+        # a field left unvisited while it held None may hold a node elsewhere (``format_spec``);
+        # one holding a string (``Name.value``) never does
+        others = tuple(name for name in node.__dataclass_fields__
+                       if name not in visited and getattr(node, name) is None)
         _ORDER[type(node)] = (visited, others)
     return visited
 
