@@ -103,11 +103,11 @@ def convert_source(source: bytes, path: str = "<string>", rules: RuleSet | None 
         UserError: the source is not valid Python (the message carries ``path:line:col``).
     """
     with _fewer_collections():
-        return _convert(source, path, rules, runtime_module, helper)
+        return _convert(source, path, rules, runtime_module, helper, skip)
 
 
 def _convert(source: bytes, path: str, rules: RuleSet | None, runtime_module: str,
-             helper: bool) -> FileResult:
+             helper: bool, skip: frozenset[str]) -> FileResult:
     rules = rules or default_rules()
     tree = parse_ast(source, path)  # cheap, and a syntax error is reported even without torch
     facts = gather_facts(tree, source, rules) if helper or b"torch" in source else None
