@@ -1,6 +1,7 @@
-"""Suite-wide guard: a test that hangs fails on its own, with the place it hung, instead of
-holding the whole suite until CI's wall-clock limit kills it with no name attached.
+"""Suite-wide fixtures.
 
+The hang guard: a test that hangs fails on its own, with the place it hung, instead of
+holding the whole suite until CI's wall-clock limit kills it with no name attached.
 The limit is generous (tests that launch jobs bound their own children far below it); set
 ``DISTIFY_TEST_TIMEOUT`` (seconds, 0 turns the guard off) to change it.
 """
@@ -12,6 +13,8 @@ import signal
 import threading
 
 import pytest
+
+from tests import _pool
 
 LIMIT_S = int(os.environ.get("DISTIFY_TEST_TIMEOUT", "600"))
 
@@ -41,3 +44,12 @@ def _hang_guard(request: pytest.FixtureRequest):
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.fixture(autouse=True)
+def _worker_pool(request: pytest.FixtureRequest):
+    """A test module marked ``pytest.mark.pool`` runs its ``run_python``/``run_torchrun`` jobs
+    in the warm worker pool (``tests/_pool.py``), unless ``DISTIFY_TEST_POOL=0``."""
+    _pool.ALLOWED = request.node.get_closest_marker("pool") is not None
+    yield
+    _pool.ALLOWED = False

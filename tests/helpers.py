@@ -12,6 +12,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests import _pool
+
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures"
 # tests/replicas/sitecustomize.py records, in each rank, what it trained (see check_replicas)
@@ -49,18 +51,28 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 def run_python(script: Path | str, *args: str, cwd: Path | str, env: dict | None = None,
-               timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run ``python script args`` (no launcher); fail the test with its output on error."""
-    proc = subprocess.run([sys.executable, str(script), *args], cwd=cwd, env=env or clean_env(),
-                          capture_output=True, text=True, timeout=timeout)
+               timeout: float = 300, pool: bool | None = None) -> subprocess.CompletedProcess:
+    """Run ``python script args`` (no launcher); fail the test with its output on error.
+
+    ``pool``: run it as a child forked from the warm worker pool (``tests/_pool.py``) instead of
+    a new interpreter; None: when the test's module is marked ``pytest.mark.pool``. Either way
+    ``DISTIFY_TEST_POOL=0`` runs a real ``python``."""
+    env = env or clean_env()
+    cmd = [sys.executable, str(script), *args]
+    if _pool.pooled(env, pool):
+        proc = _pool.run(str(script), list(args), cwd=str(cwd), env=env, nproc=1,
+                         torchrun=False, timeout=timeout, command=cmd)
+    else:
+        proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True,
+                              timeout=timeout)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     return proc
 
 
 def run_torchrun(script: Path | str, *args: str, nproc: int = 2, cwd: Path | str,
                  env: dict | None = None, timeout: float = 300, check: bool = True,
-                 replicas: bool | None = None,
-                 distinct_data: bool = False) -> subprocess.CompletedProcess:
+                 replicas: bool | None = None, distinct_data: bool = False,
+                 pool: bool | None = None) -> subprocess.CompletedProcess:
     """Run ``script`` on ``nproc`` local processes with torchrun (Gloo on CPU).
 
     Every rank records what it trained (``tests/replicas``), and after a successful run the
@@ -69,6 +81,11 @@ def run_torchrun(script: Path | str, *args: str, nproc: int = 2, cwd: Path | str
     did, ``False`` records nothing (scripts that crash or end abnormally). ``distinct_data``:
     the ranks' first training batches must differ too (a sharded DataLoader). The records are
     in ``proc.replicas`` (a :class:`Replicas`, or None when nothing was checked).
+
+    ``pool``: run the ranks as children forked from the warm worker pool (``tests/_pool.py``),
+    with torchrun's worker environment but without its launcher; None: when the test's module
+    is marked ``pytest.mark.pool``. ``DISTIFY_TEST_POOL=0`` runs real torchrun either way. The
+    ranks' outputs come one after the other, in rank order.
     """
     if distinct_data and replicas is False:
         raise ValueError("distinct_data needs the replicas' records: replicas=True or None")
@@ -78,8 +95,12 @@ def run_torchrun(script: Path | str, *args: str, nproc: int = 2, cwd: Path | str
     with tempfile.TemporaryDirectory(prefix="distify-replicas-") as directory:
         if replicas is not False:
             env = replicas_env(env, directory)
-        proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True,
-                              timeout=timeout)
+        if _pool.pooled(env, pool):
+            proc = _pool.run(str(script), list(args), cwd=str(cwd), env=env, nproc=nproc,
+                             torchrun=True, timeout=timeout, command=cmd)
+        else:
+            proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True,
+                                  timeout=timeout)
         if check:
             assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
         proc.replicas = None  # type: ignore[attr-defined]
