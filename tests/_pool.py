@@ -302,6 +302,8 @@ def _exit_code(code: object) -> int:
 
 #: set per test by ``tests/conftest.py``: the test's module is marked ``pytest.mark.pool``
 ALLOWED = False
+#: jobs of pool-marked tests: forked from the pool, or run the old way (printed by conftest)
+STATS = {"pooled": 0, "old way": 0}
 _lock = threading.Lock()
 _server: dict = {}
 
@@ -314,9 +316,13 @@ def enabled() -> bool:
 def pooled(env: dict[str, str], use: bool | None) -> bool:
     """Whether a job with this environment runs in the pool: ``use`` (None: the test's module
     is marked), the pool is on, and the job's start-up variables are the server's."""
-    if not (ALLOWED if use is None else use) or not enabled():
+    if not (ALLOWED if use is None else use):
         return False
-    return not startup_mismatch(env, _server_env())
+    if enabled() and not startup_mismatch(env, _server_env()):
+        STATS["pooled"] += 1
+        return True
+    STATS["old way"] += 1
+    return False
 
 
 def _server_env() -> dict[str, str]:

@@ -46,10 +46,17 @@ def _hang_guard(request: pytest.FixtureRequest):
         signal.signal(signal.SIGALRM, previous)
 
 
-@pytest.fixture(autouse=True)
-def _worker_pool(request: pytest.FixtureRequest):
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
     """A test module marked ``pytest.mark.pool`` runs its ``run_python``/``run_torchrun`` jobs
-    in the warm worker pool (``tests/_pool.py``), unless ``DISTIFY_TEST_POOL=0``."""
-    _pool.ALLOWED = request.node.get_closest_marker("pool") is not None
-    yield
-    _pool.ALLOWED = False
+    in the warm worker pool (``tests/_pool.py``), unless ``DISTIFY_TEST_POOL=0``. Set before
+    any of the test's fixtures, so a module-scoped fixture that runs the jobs gets it too."""
+    _pool.ALLOWED = item.get_closest_marker("pool") is not None
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if any(_pool.STATS.values()):
+        terminalreporter.write_line(
+            f"worker pool (DISTIFY_TEST_POOL={os.environ.get('DISTIFY_TEST_POOL', '1')}): "
+            f"{_pool.STATS['pooled']} jobs forked from it, {_pool.STATS['old way']} run the old "
+            "way")
