@@ -47,6 +47,9 @@ from tests.helpers import (
     tree,
 )
 
+# the script runs fork from the warm worker pool (tests/_pool.py; DISTIFY_TEST_POOL=0: real ones)
+pytestmark = pytest.mark.pool
+
 IDIOMS = FIXTURES / "idioms"
 PROJECT = FIXTURES / "project"
 PROJECT_EXPECTED = FIXTURES / "project_expected"

@@ -20,6 +20,9 @@ from distify.rules import default_rules
 from tests.fixture_runs import Plan, check_golden, fixture_name, run_side_by_side
 from tests.helpers import FIXTURES, REPO, clean_env, run_python, run_torchrun
 
+# the script runs fork from the warm worker pool (tests/_pool.py; DISTIFY_TEST_POOL=0: real ones)
+pytestmark = pytest.mark.pool
+
 TAIL = FIXTURES / "side_effects_tail"
 GOLDEN = sorted(TAIL.glob("*.in.py"))
 UPDATE = bool(os.environ.get("DISTIFY_UPDATE_GOLDEN"))
