@@ -36,6 +36,9 @@ from distify.lint import lint_text
 from tests.fixture_runs import Plan, run_side_by_side, tagged
 from tests.helpers import FIXTURES, REPO, clean_env, result_line, run_torchrun
 
+# the script runs fork from the warm worker pool (tests/_pool.py; DISTIFY_TEST_POOL=0: real ones)
+pytestmark = pytest.mark.pool
+
 HERE = FIXTURES / "stops"
 UPDATE = bool(os.environ.get("DISTIFY_UPDATE_GOLDEN"))
 NAMES = ["poly_regression", "reinforce_corridor"]

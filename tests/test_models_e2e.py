@@ -47,6 +47,9 @@ from tests.helpers import (
     tree,
 )
 
+# the script runs fork from the warm worker pool (tests/_pool.py; DISTIFY_TEST_POOL=0: real ones)
+pytestmark = pytest.mark.pool
+
 MODELS = FIXTURES / "models"
 PROJECT = MODELS / "project_helper"
 PROJECT_EXPECTED = MODELS / "project_helper_expected"

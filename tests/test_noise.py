@@ -30,6 +30,9 @@ from distify.convert.engine import convert_source
 from tests.fixture_runs import Plan, check_golden, fixture_name, run_side_by_side
 from tests.helpers import FIXTURES, REPO, clean_env, run_torchrun
 
+# the script runs fork from the warm worker pool (tests/_pool.py; DISTIFY_TEST_POOL=0: real ones)
+pytestmark = pytest.mark.pool
+
 NOISE = FIXTURES / "noise"
 GOLDEN = sorted(NOISE.glob("*.in.py"))
 NO_OPS = sorted(NOISE.glob("*.noop.py"))
