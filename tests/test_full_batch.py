@@ -25,6 +25,9 @@ from distify.convert.engine import convert_source
 from tests.fixture_runs import Plan, run_side_by_side
 from tests.helpers import FIXTURES, compare_state, flatten, result_line
 
+# the script runs fork from the warm worker pool (tests/_pool.py; DISTIFY_TEST_POOL=0: real ones)
+pytestmark = pytest.mark.pool
+
 HERE = FIXTURES / "full_batch"
 UPDATE = bool(os.environ.get("DISTIFY_UPDATE_GOLDEN"))
 # the same data on every process: nothing to shard, the ranks' batches are alike by design

@@ -26,6 +26,9 @@ from distify.convert.engine import convert_source
 from tests.fixture_runs import Plan, run_side_by_side, tagged
 from tests.helpers import FIXTURES, compare_state, flatten, result_line
 
+# the script runs fork from the warm worker pool (tests/_pool.py; DISTIFY_TEST_POOL=0: real ones)
+pytestmark = pytest.mark.pool
+
 HERE = FIXTURES / "iterable"
 UPDATE = bool(os.environ.get("DISTIFY_UPDATE_GOLDEN"))
 PLANS = {"stream_classifier": Plan(two_args=("--batch-size", "8"))}

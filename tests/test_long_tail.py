@@ -12,6 +12,9 @@ from distify.lint import lint_text
 from tests.fixture_runs import Plan, check_golden, fixture_name, run_side_by_side
 from tests.helpers import FIXTURES
 
+# the script runs fork from the warm worker pool (tests/_pool.py; DISTIFY_TEST_POOL=0: real ones)
+pytestmark = pytest.mark.pool
+
 UNUSED_IMPORT = FIXTURES / "convert" / "unused_dist_import.in.py"
 
 

@@ -19,6 +19,9 @@ from distify.convert.engine import convert_source
 from tests.fixture_runs import Plan, check_golden, fixture_name, run_side_by_side
 from tests.helpers import FIXTURES, REPO, clean_env, run_torchrun
 
+# the script runs fork from the warm worker pool (tests/_pool.py; DISTIFY_TEST_POOL=0: real ones)
+pytestmark = pytest.mark.pool
+
 TAIL = FIXTURES / "metrics_tail"
 GOLDEN = sorted(TAIL.glob("*.in.py"))
 ELEMENTWISE = REPO / "tests" / "runtime_scripts" / "elementwise_reduce.py"

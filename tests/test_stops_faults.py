@@ -40,6 +40,9 @@ from distify.lint import lint_text
 from tests.fixture_runs import tagged
 from tests.helpers import FIXTURES, REPO, clean_env, run_python, run_torchrun
 
+# the script runs fork from the warm worker pool (tests/_pool.py; DISTIFY_TEST_POOL=0: real ones)
+pytestmark = pytest.mark.pool
+
 HERE = FIXTURES / "stops_faults"
 UPDATE = bool(os.environ.get("DISTIFY_UPDATE_GOLDEN"))
 NAMES = ["skip_bad_batches", "sanity_exit", "max_input_exit"]
