@@ -19,6 +19,9 @@ from distify.convert.engine import convert_source
 from tests.fixture_runs import Plan, check_golden, fixture_name, run_side_by_side, tagged
 from tests.helpers import FIXTURES
 
+# the script runs fork from the warm worker pool (tests/_pool.py; DISTIFY_TEST_POOL=0: real ones)
+pytestmark = pytest.mark.pool
+
 EVAL_TAIL = FIXTURES / "eval_tail"
 GOLDEN = sorted(EVAL_TAIL.glob("*.in.py"))
 

@@ -23,6 +23,9 @@ torch = pytest.importorskip("torch")
 from distify.convert.engine import convert_source  # noqa: E402
 from tests.helpers import FIXTURES, REPO, clean_env, result_line, run_python, run_torchrun  # noqa: E402
 
+# the script runs fork from the warm worker pool (tests/_pool.py; DISTIFY_TEST_POOL=0: real ones)
+pytestmark = pytest.mark.pool
+
 METRICS = FIXTURES / "metrics"
 UPDATE = bool(os.environ.get("DISTIFY_UPDATE_GOLDEN"))
 #: counted exactly; the rest are floats summed in another order
