@@ -40,6 +40,9 @@ from tests.helpers import (
     run_torchrun,
 )
 
+# the script runs fork from the warm worker pool (tests/_pool.py; DISTIFY_TEST_POOL=0: real ones)
+pytestmark = pytest.mark.pool
+
 HERE = FIXTURES / "bptt"
 UPDATE = bool(os.environ.get("DISTIFY_UPDATE_GOLDEN"))
 

@@ -27,6 +27,9 @@ from tests.helpers import (  # noqa: E402
     run_torchrun,
 )
 
+# the script runs fork from the warm worker pool (tests/_pool.py; DISTIFY_TEST_POOL=0: real ones)
+pytestmark = pytest.mark.pool
+
 CONVERT = FIXTURES / "convert"
 
 # fixture → (arguments with the batch size as {bs}, batch size, checkpoint written)

@@ -34,6 +34,9 @@ from tests.helpers import (  # noqa: E402
     simulated_rank,
 )
 
+# the script runs fork from the warm worker pool (tests/_pool.py; DISTIFY_TEST_POOL=0: real ones)
+pytestmark = pytest.mark.pool
+
 HERE = FIXTURES / "random_batches"
 UPDATE = bool(os.environ.get("DISTIFY_UPDATE_GOLDEN"))
 NAMES = ["char_gpt", "tiny_gan"]
