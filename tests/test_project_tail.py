@@ -43,6 +43,9 @@ from tests.helpers import (
     tree,
 )
 
+# the script runs fork from the warm worker pool (tests/_pool.py; DISTIFY_TEST_POOL=0: real ones)
+pytestmark = pytest.mark.pool
+
 TAIL = FIXTURES / "project_tail"
 CASES = ("classifier", "shared_ddp", "two_trainers")
 UPDATE = os.environ.get("DISTIFY_UPDATE_GOLDEN") == "1"
