@@ -23,8 +23,9 @@ from collections.abc import Callable
 
 import libcst as cst
 
-#: whitespace, comments and punctuation: their subtrees hold nothing else
-_PUNCTUATION = (
+#: whitespace, comments and punctuation: their subtrees hold nothing else (the rewrite's own
+#: traversal skips them too, :mod:`distify.convert.base`)
+PUNCTUATION = (
     cst.SimpleWhitespace, cst.ParenthesizedWhitespace, cst.TrailingWhitespace, cst.EmptyLine,
     cst.Newline, cst.Comment, cst.LeftParen, cst.RightParen, cst.LeftSquareBracket,
     cst.RightSquareBracket, cst.LeftCurlyBrace, cst.RightCurlyBrace, cst.Comma, cst.Dot,
@@ -104,14 +105,14 @@ class _Plan:
         #: it overrides on_visit/on_leave: every node goes to them
         self.generic = _own(cls, "on_visit") is not None or _own(cls, "on_leave") is not None
         self.statements_only = all(issubclass(kind, _STATEMENT_LEVEL) for kind in hooked)
-        self.punctuation = any(issubclass(kind, _PUNCTUATION) for kind in hooked)
+        self.punctuation = any(issubclass(kind, PUNCTUATION) for kind in hooked)
         #: node type → (visit hook, leave hook, _SKIP / _NO_CHILDREN / _CHILDREN)
         self.steps: dict[type, tuple[Callable | None, Callable | None, int]] = {}
 
     def step(self, kind: type) -> tuple[Callable | None, Callable | None, int]:
         visit = _own(self.cls, f"visit_{kind.__name__}")
         leave = _own(self.cls, f"leave_{kind.__name__}")
-        if issubclass(kind, _PUNCTUATION) and not self.punctuation:
+        if issubclass(kind, PUNCTUATION) and not self.punctuation:
             what = _SKIP
         elif self.statements_only and not issubclass(kind, _HOLDS_STATEMENTS):
             what = _NO_CHILDREN if visit is not None or leave is not None else _SKIP

@@ -14,6 +14,7 @@ from distify.analysis.evaluation import is_eval_context
 from distify.analysis.facts import FileFacts
 from distify.analysis.loaders import is_loaderish, is_loop_wrapper, unwrapped
 from distify.analysis.names import dotted_name
+from distify.analysis.walk import PUNCTUATION
 from distify.convert.rewrites import REGISTRY
 from distify.convert.syntax import _callee, _code, _is_zero
 from distify.rules import RuleSet
@@ -129,12 +130,7 @@ def _is_count_up(value: cst.BaseExpression, names: list[str]) -> bool:
 #: bracket. No rewrite looks inside them, so the traversal does not descend into them: they are
 #: about a third of a module's nodes, and LibCST would rebuild each one unchanged (for speed:
 #: ``benchmarks/results/convert.md``). A rewrite may still replace one as a whole.
-_PUNCTUATION = (
-    cst.SimpleWhitespace, cst.ParenthesizedWhitespace, cst.TrailingWhitespace, cst.EmptyLine,
-    cst.Newline, cst.Comment, cst.LeftParen, cst.RightParen, cst.LeftSquareBracket,
-    cst.RightSquareBracket, cst.LeftCurlyBrace, cst.RightCurlyBrace, cst.Comma, cst.Dot,
-    cst.AssignEqual, cst.Colon, cst.Semicolon, cst.BaseBinaryOp, cst.BaseUnaryOp, cst.BaseCompOp,
-    cst.BaseAugOp, cst.BaseBooleanOp)
+_PUNCTUATION = PUNCTUATION  # (the same list the read-only walk skips)
 #: Names, numbers, strings and bare keywords: they hold nothing but their parentheses (or a
 #: semicolon), so the traversal does not descend into them either (a fifth of a module's nodes
 #: are names). Their own hooks still run, and a rewrite may replace one as a whole.
