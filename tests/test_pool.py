@@ -28,9 +28,11 @@ if sys.argv[1:] == ["fail"]:  # rank 1 fails at once, rank 0 would sleep for two
 import torch
 import torch.distributed as dist
 
-atexit.register(lambda: print("ATEXIT", os.environ.get("RANK"), flush=True))
+# every line in one write: torchrun's workers write unbuffered into one pipe, and a print's
+# pieces (its words, its newline) from two ranks can interleave
+atexit.register(lambda: os.write(1, f"ATEXIT {os.environ.get('RANK')}\\n".encode()))
 os.write(1, b"C-LEVEL\\n")
-print("ERR-LINE", file=sys.stderr)
+os.write(2, b"ERR-LINE\\n")
 total = None
 if os.environ.get("WORLD_SIZE"):
     dist.init_process_group("gloo")
@@ -40,10 +42,11 @@ if os.environ.get("WORLD_SIZE"):
     dist.destroy_process_group()
 keys = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
         "MASTER_ADDR", "TORCHELASTIC_RESTART_COUNT", "OMP_NUM_THREADS", "EXTRA"]
-print("INFO", json.dumps({
+os.write(1, ("INFO " + json.dumps({
     "env": {k: os.environ.get(k) for k in keys}, "argv": sys.argv, "path0": sys.path[0],
     "extra_path": os.environ["EXTRA"] in sys.path, "cwd": os.getcwd(), "before": before,
-    "name": __name__, "file": __file__, "total": total, "threads": torch.get_num_threads()}))
+    "name": __name__, "file": __file__, "total": total,
+    "threads": torch.get_num_threads()}) + "\\n").encode())
 mode = sys.argv[1] if len(sys.argv) > 1 else ""
 if mode == "raise" and os.environ.get("RANK", "1") == "1":
     raise ValueError("boom")
