@@ -24,7 +24,10 @@ Each family lives in its own mixin: :mod:`.models`, :mod:`.prepare`, :mod:`.devi
 :mod:`.side_effects`, :mod:`.randomness`, :mod:`.batch_shapes`, :mod:`.bptt`, :mod:`.stops`,
 :mod:`.meters` and
 :mod:`.full_batch` (their docstrings list their rewrites);
-:mod:`.base` holds the shared state, :mod:`.syntax` the node helpers.
+:mod:`.base` holds the shared state, :mod:`.syntax` the node helpers. Each rewrite is
+registered by name in :mod:`.rewrites` (its documentation, report kinds and examples); the places
+where it changes the code ask :meth:`~.base.TransformerBase._skipped` first, so that ``--skip``
+can turn it off.
 
 What it deliberately does not do: it never guesses. A training loop fed without a DataLoader,
 a data-dependent ``break`` in a training loop that no collective can decide where every process
