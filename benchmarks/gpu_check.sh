@@ -112,6 +112,11 @@ if [ "$HAVE_CUDA" != 1 ]; then  # GPU_CHECK_ALLOW_CPU=1: the dry run
 fi
 
 status=0
+# The committed fixtures first (about 80 s at 8 at a time): each original against its golden
+# conversion on CUDA, results in benchmarks/results/gpu_fixtures.md.
+if [ "$HAVE_CUDA" = 1 ]; then
+    $PY benchmarks/gpu_fixtures.py --jobs 8 || status=$?
+fi
 # shellcheck disable=SC2086
 $PY benchmarks/runtime_overhead.py --parts $PARTS "${CONVERT_ARGS[@]}" --nproc "$NPROC" \
     --mixed-precision bf16 --rounds "$ROUNDS" --fsdp-rounds "$ROUNDS_FSDP" \
