@@ -111,7 +111,8 @@ def compare(original: str, converted: str) -> str:
     return f"differ (max rel diff {worst:.1e})"
 
 
-def check(source: Path, root: Path, nproc: int, timeout: float) -> dict:
+def check(source: Path, root: Path, nproc: int, timeout: float,
+          extra_env: dict[str, str]) -> dict:
     name = f"{source.parent.name}/{source.name.split('.')[0]}"
     env = dict(os.environ, PYTHONPATH=f"{root / 'probe'}{os.pathsep}{REPO}",
                PYTHONUNBUFFERED="1")
@@ -126,7 +127,8 @@ def check(source: Path, root: Path, nproc: int, timeout: float) -> dict:
         else:
             command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                        f"--nproc_per_node={nproc}", "train.py"]
-        rows[variant] = run(folder, command, env, timeout)
+        rows[variant] = run(folder, command,
+                            {**env, **extra_env} if variant == "converted" else env, timeout)
     return {"name": name, **rows}
 
 
@@ -137,6 +139,8 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=150)
     parser.add_argument("--results", default="benchmarks/results/gpu_fixtures.md")
     parser.add_argument("--allow-cpu", action="store_true")
+    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                        help="set for the converted runs (e.g. DISTIFY_MIXED_PRECISION=bf16)")
     parser.add_argument("--only", nargs="*", default=None, help="fixture names (default: all)")
     args = parser.parse_args()
 
@@ -150,7 +154,8 @@ def main() -> int:
     header = (f"torch {torch.__version__}, "
               + (f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}, "
                  f"NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}" if cuda else "no CUDA")
-              + f"; converted runs on {nproc} process(es)")
+              + f"; converted runs on {nproc} process(es)"
+              + (f" with {' '.join(args.env)}" if args.env else ""))
     root = Path(tempfile.mkdtemp(prefix="gpu_fixtures."))
     (root / "probe").mkdir()
     (root / "probe" / "sitecustomize.py").write_text(PROBE)
@@ -158,7 +163,9 @@ def main() -> int:
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         chosen = [s for s in fixtures()
                   if args.only is None or s.name.split(".")[0] in args.only]
-        results = list(pool.map(lambda s: check(s, root, nproc, args.timeout), chosen))
+        extra_env = dict(item.split("=", 1) for item in args.env)
+        results = list(pool.map(lambda s: check(s, root, nproc, args.timeout, extra_env),
+                                chosen))
     lines = [f"# Fixtures on a GPU ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})", "",
              f"- {header}", f"- {len(results)} fixtures, {args.jobs} at a time, "
              f"{time.perf_counter() - started:.0f} s in all", "",
