@@ -56,6 +56,7 @@ import libcst as cst
 from distify.analysis.names import dotted_name
 from distify.analysis.walk import walk
 from distify.convert.base import TransformerBase
+from distify.convert.driver import handles
 from distify.convert.syntax import _code, _names_in, _strip_parens
 from distify.convert.throughput import counter_lines
 
@@ -95,8 +96,8 @@ class _Count:
 
 
 class AccumulationMixin(TransformerBase):
-    def visit_Module(self, node: cst.Module) -> None:
-        super().visit_Module(node)
+    @handles("visit_Module")
+    def _accumulation_on_module(self, node: cst.Module) -> None:
         finder = _MicroStepFinder()
         walk(node, finder)
         self._micro_steps: dict[int, _MicroSteps] = {id(loop): found
@@ -136,16 +137,16 @@ class AccumulationMixin(TransformerBase):
             self._micro_steps, self._reduce_at, self._counts, self._count_of_line = {}, {}, {}, {}
             self._last_loss_lines, self._losses, self._counter_lines = set(), set(), {}
 
-    def leave_Module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
+    @handles("leave_Module")
+    def _accumulation_after_module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
         """The report's batch-size line: with the count shared out, the per-process batch is
         a micro-batch's, and an optimizer step keeps the script's total."""
-        result = super().leave_Module(original, updated)
         split = [name for name, count in self._counts.items() if count.split]
         if split and self.batch_sizes:
             self.batch_sizes = [f"{size} (per micro-step; an optimizer step keeps the "
                                 f"declared total, as `{split[0]}` is shared out)"
                                 for size in self.batch_sizes]
-        return result
+        return updated
 
     def _shards_batches(self, found: _MicroSteps, module: cst.Module) -> bool:
         """Does each process train on its own batches in these micro-steps: drawn per process
@@ -164,27 +165,27 @@ class AccumulationMixin(TransformerBase):
             for source in found.nexts)
 
     # ---------------------------------------------------------------- the micro-step loop
-    def visit_For(self, node: cst.For) -> None:
-        super().visit_For(node)
+    @handles("visit_For")
+    def _accumulation_on_for(self, node: cst.For) -> None:
         found = self._micro_steps.get(id(node))
         if found is not None:
             self._micro_depth += 1
             if self._loops:  # averaged where read, or read nowhere: no sum after the loop
                 self._loops[-1].own_reduce.update(found.sums, found.unread)
 
-    def leave_For(self, original: cst.For, updated: cst.For):
+    @handles("leave_For")
+    def _accumulation_after_for(self, original: cst.For, updated: cst.For):
         found = self._micro_steps.get(id(original))
-        result = super().leave_For(original, updated)
         if found is None:
             if id(original) in self._skipped_micro:
-                nodes = result.nodes if isinstance(result, cst.FlattenSentinel) else [result]
+                nodes = updated.nodes if isinstance(updated, cst.FlattenSentinel) else [updated]
                 self._skipped("accumulation", nodes[0].target)
-            return result
+            return updated
         self._micro_depth -= 1
         # the loop, maybe followed by lines another rewrite adds after it
-        nodes = list(result.nodes) if isinstance(result, cst.FlattenSentinel) else [result]
+        nodes = list(updated.nodes) if isinstance(updated, cst.FlattenSentinel) else [updated]
         if not nodes or not isinstance(nodes[0], cst.For):
-            return result
+            return updated
         loop = self._sync_last_micro_step(nodes[0], found)
         after = [self._mean_line(name, found) for name, where in found.sums.items()
                  if where is None]
@@ -242,8 +243,8 @@ class AccumulationMixin(TransformerBase):
         return updated.with_changes(body=body.with_changes(body=[*lines, *body.body]))
 
     # ---------------------------------------------------------------- the count and counters
-    def leave_Assign(self, original: cst.Assign, updated: cst.Assign):
-        updated = super().leave_Assign(original, updated)
+    @handles("leave_Assign")
+    def _accumulation_after_assign(self, original: cst.Assign, updated: cst.Assign):
         if not isinstance(updated, cst.Assign) or not self._statements:
             return updated
         line = self._statements[-1]
@@ -274,20 +275,20 @@ class AccumulationMixin(TransformerBase):
                    "with an error when N does not divide it")
         self._after.append(share)
 
-    def leave_BinaryOperation(self, original: cst.BinaryOperation,
-                              updated: cst.BinaryOperation) -> cst.BaseExpression:
+    @handles("leave_BinaryOperation")
+    def _accumulation_after_binary_operation(self, original: cst.BinaryOperation,
+                                             updated: cst.BinaryOperation) -> cst.BaseExpression:
         """A product with the count left as it is (``estimate_mfu(batch_size * n, dt)``, a
         tokens/sec in a print) counts one process's share: said on its line, once."""
-        result = super().leave_BinaryOperation(original, updated)
         line = self._statements[-1] if self._statements else None
         counts = {f.count for f in self._micro_steps.values() if f.sharded}
         if (line is None or self._micro_depth or id(line) in self._last_loss_lines
                 or id(line) in self._count_of_line or not set(_factors(original)) & counts
                 or _is_counter_line(line)):
-            return result
+            return updated
         loss = bool(_names_in(original) & self._losses)
         if (id(line), loss) in self._noted_lines:
-            return result
+            return updated
         self._noted_lines.add((id(line), loss))
         what = _short(_code(original))
         if loss:
@@ -297,7 +298,7 @@ class AccumulationMixin(TransformerBase):
             message = (f"`{what}` counts this process's share of an optimizer step (all "
                        f"processes: × `{self.rt}.world_size()`)")
         self._line_notes.append(message)
-        return result
+        return updated
 
     def _note_on_line(self, original: cst.SimpleStatementLine,
                       updated: cst.SimpleStatementLine) -> None:

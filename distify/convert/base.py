@@ -15,6 +15,7 @@ from distify.analysis.facts import FileFacts
 from distify.analysis.loaders import is_loaderish, is_loop_wrapper, unwrapped
 from distify.analysis.names import dotted_name
 from distify.analysis.walk import PUNCTUATION
+from distify.convert.driver import handles, install
 from distify.convert.rewrites import REGISTRY
 from distify.convert.syntax import _callee, _code, _is_zero
 from distify.rules import RuleSet
@@ -163,6 +164,8 @@ class TransformerBase(cst.CSTTransformer):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls._visit_plans, cls._leave_methods = {}, {}
+        if "HANDLERS" in vars(cls):  # the driver: its hooks come from its table
+            install(cls, cls.HANDLERS)
         inside = [f"{prefix}_{kind.__name__}" for kind in _INSIDE_PUNCTUATION
                   for prefix in ("visit", "leave")]
         hooked = [name for name in inside if _own_hook(cls, name) is not None]
@@ -326,10 +329,12 @@ class TransformerBase(cst.CSTTransformer):
         if not deferred:
             self.first_touched = min(self.first_touched, index)
 
-    def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
+    @handles("visit_IndentedBlock")
+    def _base_on_indented_block(self, node: cst.IndentedBlock) -> None:
         self._depth += 1
 
-    def visit_Module(self, node: cst.Module) -> None:
+    @handles("visit_Module")
+    def _base_on_module(self, node: cst.Module) -> None:
         self._indent_unit = node.default_indent
         self._top_level = {id(stmt): (index, isinstance(stmt, (cst.FunctionDef, cst.ClassDef)))
                            for index, stmt in enumerate(node.body)}
@@ -399,16 +404,19 @@ class TransformerBase(cst.CSTTransformer):
             return any(source.value in scope.loader_iters for scope in self._scopes)
         return self._iterates_a_loader(source)
 
-    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+    @handles("visit_ClassDef")
+    def _base_on_class_def(self, node: cst.ClassDef) -> None:
         self._classes.append(node.name.value in self.facts.model_classes)
         self._path.append(node.name.value)
 
-    def leave_ClassDef(self, original: cst.ClassDef, updated: cst.ClassDef) -> cst.ClassDef:
+    @handles("leave_ClassDef")
+    def _base_after_class_def(self, original: cst.ClassDef, updated: cst.ClassDef) -> cst.ClassDef:
         self._classes.pop()
         self._path.pop()
         return updated
 
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+    @handles("visit_FunctionDef")
+    def _base_on_function_def(self, node: cst.FunctionDef) -> None:
         scope = _Scope()
         params = node.params
         for param in (*params.posonly_params, *params.params, *params.kwonly_params):
@@ -421,8 +429,9 @@ class TransformerBase(cst.CSTTransformer):
         self._loops_saved.append(self._loops)
         self._loops = []
 
-    def leave_FunctionDef(self, original: cst.FunctionDef,
-                          updated: cst.FunctionDef) -> cst.FunctionDef:
+    @handles("leave_FunctionDef")
+    def _base_after_function_def(self, original: cst.FunctionDef,
+                                 updated: cst.FunctionDef) -> cst.FunctionDef:
         self._scopes.pop()
         self._path.pop()
         self._loops = self._loops_saved.pop()
@@ -439,7 +448,8 @@ class TransformerBase(cst.CSTTransformer):
         node.visit(finder)
         return bool(finder.receivers & optimizers)
 
-    def visit_Assign(self, node: cst.Assign) -> None:
+    @handles("visit_Assign")
+    def _base_on_assign(self, node: cst.Assign) -> None:
         value = node.value
         names = [t.target.value for t in node.targets if isinstance(t.target, cst.Name)]
         # a name bound anew (`model = torch.load(f)`) holds an object nobody prepared yet

@@ -51,6 +51,7 @@ import libcst as cst
 from distify.analysis.loaders import is_loop_wrapper
 from distify.analysis.names import dotted_name
 from distify.convert.base import TransformerBase
+from distify.convert.driver import handles
 from distify.convert.syntax import _code
 
 #: callables whose shape starts at their first argument (positional sizes, or one sequence);
@@ -114,8 +115,8 @@ class BatchShapeMixin(TransformerBase):
     _loaders_built: dict[tuple[tuple[str, ...] | None, str], list[_Built]] | None
     _assigned_in: dict[tuple[str, ...], set[str]]
 
-    def visit_Module(self, node: cst.Module) -> None:
-        super().visit_Module(node)
+    @handles("visit_Module")
+    def _batch_shapes_on_module(self, node: cst.Module) -> None:
         self._batch_module = node
         self._batch_loops = []
         self._loaders_built = None  # read from the whole module on the first loop over one
@@ -129,8 +130,8 @@ class BatchShapeMixin(TransformerBase):
         self._batch_ranges: dict[int, tuple[str, str] | str] = {}
 
     # ------------------------------------------------------------ the loop and its batch
-    def visit_For(self, node: cst.For) -> None:
-        super().visit_For(node)
+    @handles("visit_For")
+    def _batch_shapes_on_for(self, node: cst.For) -> None:
         for loop in self._open_batch_loops():  # a loop inside rebinds its target
             self._rebind(loop, _target_names(node.target), None)
         if not self._loops[-1].loaderish:
@@ -147,7 +148,8 @@ class BatchShapeMixin(TransformerBase):
             loop.batch_size, loop.why = None, "the loop's target is not the batch"
         self._batch_loops.append(loop)
 
-    def leave_For(self, original: cst.For, updated: cst.For):
+    @handles("leave_For")
+    def _batch_shapes_after_for(self, original: cst.For, updated: cst.For):
         if self._batch_loops and self._batch_loops[-1].node is original:
             self._batch_loops.pop()
         found = self._batch_ranges.pop(id(original), None)
@@ -161,7 +163,7 @@ class BatchShapeMixin(TransformerBase):
             self._edit(size, "batch-size", f"`{bound}` → `len({batch})`: this loop indexes the "
                        "batch, and the last batch on a process can be smaller than the batch "
                        "size (on one process this is the same value)")
-        return super().leave_For(original, updated)
+        return updated
 
     def _note_batch_range(self, node: cst.For) -> None:
         """``for i in range(batch_size): labels[i]`` inside a loop over a DataLoader: the
@@ -206,14 +208,17 @@ class BatchShapeMixin(TransformerBase):
             iterated = iterated.args[0].value
         return iterated, target
 
-    def visit_Lambda(self, node: cst.Lambda) -> None:
+    @handles("visit_Lambda")
+    def _batch_shapes_on_lambda(self, node: cst.Lambda) -> None:
         self._lambdas += 1
 
-    def leave_Lambda(self, original: cst.Lambda, updated: cst.Lambda) -> cst.Lambda:
+    @handles("leave_Lambda")
+    def _batch_shapes_after_lambda(self, original: cst.Lambda, updated: cst.Lambda) -> cst.Lambda:
         self._lambdas -= 1
         return updated
 
-    def visit_Attribute(self, node: cst.Attribute) -> None:
+    @handles("visit_Attribute")
+    def _batch_shapes_on_attribute(self, node: cst.Attribute) -> None:
         """``x.to(device)``, ``x.size(0)``: ``x`` holds a tensor."""
         if self._batch_loops and isinstance(node.value, cst.Name) \
                 and node.attr.value in _TENSOR_ATTRS:
@@ -221,16 +226,18 @@ class BatchShapeMixin(TransformerBase):
                 if node.value.value in loop.leaves:
                     loop.leaves[node.value.value] = True
 
-    def leave_Assign(self, original: cst.Assign, updated: cst.Assign):
+    @handles("leave_Assign")
+    def _batch_shapes_after_assign(self, original: cst.Assign, updated: cst.Assign):
         if self._batch_loops:
             for target in original.targets:
                 self._assigned(target.target, original.value)
-        return super().leave_Assign(original, updated)
+        return updated
 
-    def leave_AnnAssign(self, original: cst.AnnAssign, updated: cst.AnnAssign):
+    @handles("leave_AnnAssign")
+    def _batch_shapes_after_ann_assign(self, original: cst.AnnAssign, updated: cst.AnnAssign):
         if self._batch_loops and original.value is not None:
             self._assigned(original.target, original.value)
-        return super().leave_AnnAssign(original, updated)
+        return updated
 
     def _assigned(self, target: cst.BaseExpression, value: cst.BaseExpression) -> None:
         """``target = value`` in the loop: a batch tensor taken or lost, a batch size rebound."""

@@ -35,12 +35,13 @@ import libcst as cst
 from distify.analysis.bptt_flow import StreamFlow, find_streams
 from distify.analysis.names import dotted_name
 from distify.convert.base import TransformerBase
+from distify.convert.driver import handles
 from distify.convert.syntax import _code, _join
 
 
 class StreamShardMixin(TransformerBase):
-    def visit_Module(self, node: cst.Module) -> None:
-        super().visit_Module(node)
+    @handles("visit_Module")
+    def _bptt_on_module(self, node: cst.Module) -> None:
         self._stream_flow = find_streams(node) if self.facts.may_batchify else None
 
     def _fed_by_stream(self) -> bool:

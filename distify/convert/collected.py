@@ -30,6 +30,7 @@ import libcst as cst
 from distify.analysis.loaders import names_a_loader
 from distify.analysis.names import dotted_name
 from distify.convert.base import TransformerBase, _Loop
+from distify.convert.driver import handles
 from distify.convert.loops import _per_sample
 from distify.convert.syntax import _code, _is_rt_call, _is_zero, _strip_parens
 
@@ -56,8 +57,8 @@ class CollectedMixin(TransformerBase):
         return held[1]
 
     # ------------------------------------------------------------ what the script builds
-    def visit_Assign(self, node: cst.Assign) -> None:
-        super().visit_Assign(node)
+    @handles("visit_Assign")
+    def _collected_on_assign(self, node: cst.Assign) -> None:
         tallies = self._scope_tallies()
         pairs = [(t.target, node.value) for t in node.targets]
         for target in node.targets:  # `matches, totals = [0] * n, [0] * n`
@@ -85,8 +86,8 @@ class CollectedMixin(TransformerBase):
                     tallies.pop(target.value, None)
             self._subscript_changed(target, node)
 
-    def visit_AugAssign(self, node: cst.AugAssign) -> None:
-        super().visit_AugAssign(node)
+    @handles("visit_AugAssign")
+    def _collected_on_aug_assign(self, node: cst.AugAssign) -> None:
         if not self._loops:
             return
         name = _subscripted(node.target)
@@ -140,8 +141,8 @@ class CollectedMixin(TransformerBase):
         return qual in _ZERO_MAKERS
 
     # ------------------------------------------------------------ loops
-    def visit_For(self, node: cst.For) -> None:
-        super().visit_For(node)
+    @handles("visit_For")
+    def _collected_on_for(self, node: cst.For) -> None:
         loop = self._loops[-1]
         if self._surely_a_loader(loop) and self._in_eval():
             inner = _InnerAppends()
@@ -158,9 +159,10 @@ class CollectedMixin(TransformerBase):
         return loop.loaderish and (source is None or source not in self._scope.params
                                    or names_a_loader(source))
 
-    def leave_Assign(self, original: cst.Assign, updated: cst.Assign):
+    @handles("leave_Assign")
+    def _collected_after_assign(self, original: cst.Assign, updated: cst.Assign):
         updated = self._gather_grown(original, updated)
-        return super().leave_Assign(original, updated)
+        return updated
 
     def _gather_grown(self, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
         """``all_preds = np.append(all_preds, p)`` in an evaluation loop over a loader, at

@@ -26,6 +26,7 @@ from distify.analysis.loaders import unwrapped
 from distify.analysis.names import dotted_name
 from distify.analysis.walk import walk
 from distify.convert.base import Edit, TransformerBase
+from distify.convert.driver import handles
 from distify.convert.syntax import (
     _is_cpu,
     _is_device_string,
@@ -361,7 +362,8 @@ class DeviceMixin(TransformerBase):
             return new
         return None
 
-    def leave_Assign(self, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
+    @handles("leave_Assign")
+    def _devices_after_assign(self, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
         """``device = "cuda:0"`` → ``device = rt.device().type``; ``gpu_id = 0`` →
         ``gpu_id = rt.device()`` (a setting read by ``.to(...)`` elsewhere)."""
         if len(updated.targets) != 1:
@@ -452,7 +454,9 @@ class DeviceMixin(TransformerBase):
         return bool(qual) and qual.startswith("torch.") and qual.endswith(
             (".is_available", ".device_count"))
 
-    def leave_AnnAssign(self, original: cst.AnnAssign, updated: cst.AnnAssign) -> cst.AnnAssign:
+    @handles("leave_AnnAssign")
+    def _devices_after_ann_assign(self, original: cst.AnnAssign,
+                                  updated: cst.AnnAssign) -> cst.AnnAssign:
         """``device: str = "cuda"`` in a config class, as an assignment."""
         if updated.value is None:
             return updated
@@ -472,8 +476,9 @@ class DeviceMixin(TransformerBase):
             return node.with_changes(value=new)
         return node
 
-    def leave_DictElement(self, original: cst.DictElement,
-                          updated: cst.DictElement) -> cst.DictElement:
+    @handles("leave_DictElement")
+    def _devices_after_dict_element(self, original: cst.DictElement,
+                                    updated: cst.DictElement) -> cst.DictElement:
         """``{"device": "cuda:0", ...}`` (a config dict) → ``{"device": rt.device().type}``."""
         key = updated.key
         if isinstance(key, cst.SimpleString) and key.evaluated_value in _DEVICE_SETTINGS:
@@ -484,7 +489,8 @@ class DeviceMixin(TransformerBase):
         new = self._device_name(updated.value)
         return updated if new is None else updated.with_changes(value=new)
 
-    def leave_Arg(self, original: cst.Arg, updated: cst.Arg) -> cst.Arg:
+    @handles("leave_Arg")
+    def _devices_after_arg(self, original: cst.Arg, updated: cst.Arg) -> cst.Arg:
         """``torch.zeros(3, device="cuda:0")`` → ``device=rt.device()``."""
         if updated.keyword is not None and updated.keyword.value == "device" \
                 and _is_device_string(updated.value):
@@ -529,7 +535,8 @@ class DeviceMixin(TransformerBase):
                        "its own device")
         self._removed = []
 
-    def leave_IfExp(self, original: cst.IfExp, updated: cst.IfExp) -> cst.BaseExpression:
+    @handles("leave_IfExp")
+    def _devices_after_if_exp(self, original: cst.IfExp, updated: cst.IfExp) -> cst.BaseExpression:
         """``"cuda" if cond else "cpu"`` → ``rt.device()``."""
         return self._unless_skipped("device", updated,
                                     lambda: self._device_if_exp(original, updated))

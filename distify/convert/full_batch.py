@@ -15,29 +15,32 @@ import libcst as cst
 
 from distify.analysis.full_batch import is_full_batch
 from distify.convert.base import TransformerBase
+from distify.convert.driver import handles
 
 
 class FullBatchMixin(TransformerBase):
-    def visit_Module(self, node: cst.Module) -> None:
-        super().visit_Module(node)
+    @handles("visit_Module")
+    def _full_batch_on_module(self, node: cst.Module) -> None:
         self._loop_nodes: list[cst.For | cst.While] = []  # the loops being visited, as written
         self._full_batch_nests: set[int] = set()
 
-    def visit_For(self, node: cst.For) -> None:
-        super().visit_For(node)
+    @handles("visit_For")
+    def _full_batch_on_for(self, node: cst.For) -> None:
         self._loop_nodes.append(node)
 
-    def leave_For(self, original: cst.For, updated: cst.For):
+    @handles("leave_For")
+    def _full_batch_after_for(self, original: cst.For, updated: cst.For):
         self._loop_nodes.pop()
-        return super().leave_For(original, updated)
+        return updated
 
-    def visit_While(self, node: cst.While) -> None:
-        super().visit_While(node)
+    @handles("visit_While")
+    def _full_batch_on_while(self, node: cst.While) -> None:
         self._loop_nodes.append(node)
 
-    def leave_While(self, original: cst.While, updated: cst.While):
+    @handles("leave_While")
+    def _full_batch_after_while(self, original: cst.While, updated: cst.While):
         self._loop_nodes.pop()
-        return super().leave_While(original, updated)
+        return updated
 
     def _reported_full_batch(self, node: cst.CSTNode) -> bool:
         """At a backward pass in loops not fed by a DataLoader: if they train full-batch, say

@@ -21,6 +21,7 @@ from distify.analysis.codemods import backward_through
 from distify.analysis.loaders import unwrapped
 from distify.analysis.names import dotted_name
 from distify.convert.base import TransformerBase, _Loop
+from distify.convert.driver import handles
 from distify.convert.syntax import (
     _calls_method,
     _code,
@@ -95,8 +96,8 @@ class LoopMixin(TransformerBase):
         #: what each name was last assigned, per enclosing function (attributes: file-wide)
         self._built_from: dict[tuple[tuple[str, ...], str], cst.BaseExpression] = {}
 
-    def visit_Assign(self, node: cst.Assign) -> None:
-        super().visit_Assign(node)
+    @handles("visit_Assign")
+    def _loops_on_assign(self, node: cst.Assign) -> None:
         value = _strip_parens(node.value)
         for target in node.targets:
             names = (_names_in(target.target) if isinstance(target.target, cst.Tuple)
@@ -122,18 +123,21 @@ class LoopMixin(TransformerBase):
             return f"built by `{callee}(...)`"
         return f"set from `{_short(_code(value))}`"
 
-    def visit_For(self, node: cst.For) -> None:
+    @handles("visit_For")
+    def _loops_on_for(self, node: cst.For) -> None:
         self._loops.append(_Loop(loaderish=self._loaderish(node.iter),
                                  targets=_names_in(node.target),
                                  loader=self._loader_behind(_loader_name(node.iter)),
                                  index=_enumerate_index(node)))
 
-    def visit_WithItem(self, node: cst.WithItem) -> None:
+    @handles("visit_WithItem")
+    def _loops_on_with_item(self, node: cst.WithItem) -> None:
         """``with tqdm(test_loader) as pbar:``: ``pbar`` is a view of the loader."""
         if isinstance(node.asname, cst.AsName) and isinstance(node.asname.name, cst.Name):
             self._note_loader_view([node.asname.name.value], node.item)
 
-    def leave_For(self, original: cst.For, updated: cst.For):
+    @handles("leave_For")
+    def _loops_after_for(self, original: cst.For, updated: cst.For):
         loop = self._loops[-1]
         if loop.loaderish and loop.has_backward:
             self._report_loader_from_elsewhere(loop, updated.target)
@@ -289,15 +293,18 @@ class LoopMixin(TransformerBase):
                    f"yourself (`{names[0]} = {self.rt}.reduce({names[0]})` after the loop)",
                    human=True)
 
-    def leave_BinaryOperation(self, original: cst.BinaryOperation,
-                              updated: cst.BinaryOperation) -> cst.BaseExpression:
+    @handles("leave_BinaryOperation")
+    def _loops_after_binary_operation(self, original: cst.BinaryOperation,
+                                      updated: cst.BinaryOperation) -> cst.BaseExpression:
         if isinstance(original.operator, cst.Divide) and self._scope.reduced:
             divisor = self._total_count(original.left, updated.right)
             if divisor is not None:
                 return updated.with_changes(right=divisor)
         return updated
 
-    def leave_AugAssign(self, original: cst.AugAssign, updated: cst.AugAssign) -> cst.AugAssign:
+    @handles("leave_AugAssign")
+    def _loops_after_aug_assign(self, original: cst.AugAssign,
+                                updated: cst.AugAssign) -> cst.AugAssign:
         if isinstance(original.operator, cst.DivideAssign) and self._scope.reduced:
             divisor = self._total_count(original.target, updated.value)
             if divisor is not None:
@@ -328,10 +335,12 @@ class LoopMixin(TransformerBase):
                    "is summed over all of them")
         return new
 
-    def visit_While(self, node: cst.While) -> None:
+    @handles("visit_While")
+    def _loops_on_while(self, node: cst.While) -> None:
         self._loops.append(_Loop(loaderish=False))
 
-    def leave_While(self, original: cst.While, updated: cst.While) -> cst.While:
+    @handles("leave_While")
+    def _loops_after_while(self, original: cst.While, updated: cst.While) -> cst.While:
         self._loops.pop()
         return updated
 
@@ -356,7 +365,8 @@ class LoopMixin(TransformerBase):
         body = loop_node.body
         return loop_node.with_changes(body=body.with_changes(body=[sync, *body.body]))
 
-    def visit_If(self, node: cst.If) -> None:
+    @handles("visit_If")
+    def _loops_on_if(self, node: cst.If) -> None:
         if self._loops and _has_modulo(node.test) and _calls_method(node.body, "step"):
             self._loops[-1].step_tests.append(node.test)
             self._loops[-1].step_receivers.extend(_stepped(node.body))
@@ -364,7 +374,8 @@ class LoopMixin(TransformerBase):
     def _is_exit(self, call: cst.Call) -> bool:
         return self.rules.match("process_exits", self._qual(call.func)) is not None
 
-    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+    @handles("visit_AugAssign")
+    def _loops_on_aug_assign(self, node: cst.AugAssign) -> None:
         self._count_assignment(node.target)
         if not self._loops or not isinstance(node.target, cst.Name):
             return

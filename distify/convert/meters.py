@@ -28,26 +28,27 @@ import libcst as cst
 from distify.analysis.evaluation import loss_reduction
 from distify.analysis.names import dotted_name
 from distify.convert.base import TransformerBase
+from distify.convert.driver import handles
 from distify.convert.syntax import _names_in
 
 
 class MeterMixin(TransformerBase):
-    def visit_Module(self, node: cst.Module) -> None:
-        super().visit_Module(node)
+    @handles("visit_Module")
+    def _meters_on_module(self, node: cst.Module) -> None:
         #: names bound to an object built from meters (``progress = ProgressMeter(n, [top1])``)
         self._meter_views: dict[str, list[str]] = {}
         self._meter_noted: list = []  # the loops already given the note (held: ids recycle)
 
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        super().visit_FunctionDef(node)
+    @handles("visit_FunctionDef")
+    def _meters_on_function_def(self, node: cst.FunctionDef) -> None:
         flow = self.facts.evaluation
         if node.name.value in flow.evaluating:
             self._scope.saw_eval = True  # its callers evaluate: see the module docstring
         for outer in self._path[:-1]:  # meters of an enclosing function, updated in here
             self._scope.meters.update(flow.meters.get(outer, set()) - self._scope.params)
 
-    def visit_Assign(self, node: cst.Assign) -> None:
-        super().visit_Assign(node)
+    @handles("visit_Assign")
+    def _meters_on_assign(self, node: cst.Assign) -> None:
         value = node.value
         if not isinstance(value, cst.Call) or not self._scope.meters:
             return

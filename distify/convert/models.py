@@ -25,6 +25,7 @@ import libcst as cst
 from distify.analysis.names import dotted_name
 from distify.analysis.training import BuildSite
 from distify.convert.base import DISTRIBUTED, TransformerBase
+from distify.convert.driver import handles
 from distify.convert.syntax import _code, _is_rt_prepare, _shift_continuations
 
 
@@ -95,7 +96,8 @@ class ModelMixin(TransformerBase):
         if self._built:
             self._built[-1].append((name, index))
 
-    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+    @handles("visit_AnnAssign")
+    def _models_on_ann_assign(self, node: cst.AnnAssign) -> None:
         if node.value is not None:
             self._count_assignment(node.target)
 

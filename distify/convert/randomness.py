@@ -55,6 +55,7 @@ from distify.analysis.draws import (
 )
 from distify.analysis.draws_flow import DrawFlow, find_draw_flow
 from distify.convert.base import TransformerBase
+from distify.convert.driver import handles
 from distify.convert.syntax import _EQUAL, _code
 
 _SPACE = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
@@ -68,8 +69,8 @@ _PER_PROCESS = ("batches drawn per process: each process draws its own random ba
 
 
 class RandomnessMixin(TransformerBase):
-    def visit_Module(self, node: cst.Module) -> None:
-        super().visit_Module(node)
+    @handles("visit_Module")
+    def _randomness_on_module(self, node: cst.Module) -> None:
         self._draw_flow = (find_draw_flow(node, self.facts.imports)
                            if self.facts.may_draw_batches else None)
 

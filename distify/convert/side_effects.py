@@ -46,6 +46,7 @@ from distify.analysis.evaluation import is_eval_context
 from distify.analysis.names import dotted_name
 from distify.analysis.stops import calls_in, local_callee
 from distify.convert.base import TransformerBase
+from distify.convert.driver import handles
 from distify.convert.stops import nodes_in
 from distify.convert.syntax import (
     _EQUAL,
@@ -149,8 +150,8 @@ _STDLIB = frozenset(getattr(sys, "stdlib_module_names", ())) | {"logging", "csv"
 
 
 class SideEffectMixin(TransformerBase):
-    def visit_Module(self, node: cst.Module) -> None:
-        super().visit_Module(node)
+    @handles("visit_Module")
+    def _side_effects_on_module(self, node: cst.Module) -> None:
         self._tracker_classes = _tracker_classes(node, self)
         self._handler_calls: set[int] = set()  # ids of the calls inside `except` blocks
         self._in_download = 0
@@ -210,7 +211,8 @@ class SideEffectMixin(TransformerBase):
                    f"under `with {self.rt}.main_process_first():` with "
                    f"`if {self.rt}.is_main_process():` around the download itself", human=True)
 
-    def visit_Try(self, node: cst.Try) -> None:
+    @handles("visit_Try")
+    def _side_effects_on_try(self, node: cst.Try) -> None:
         for handler in node.handlers:
             self._handler_calls.update(_call_ids(handler.body))
 
@@ -472,7 +474,8 @@ class SideEffectMixin(TransformerBase):
         return merge_guards(body, lambda stmt: stmt in self._guards or None,
                             across_comments=False, merged=self._guards.add)
 
-    def visit_With(self, node: cst.With) -> None:
+    @handles("visit_With")
+    def _side_effects_on_with(self, node: cst.With) -> None:
         for item in node.items:
             if isinstance(item.item, cst.Call) and self._is_open(item.item.func) \
                     and isinstance(item.asname, cst.AsName) \
@@ -483,7 +486,8 @@ class SideEffectMixin(TransformerBase):
         if self._writes_file(node):
             self._main_only_depth += 1
 
-    def leave_With(self, original: cst.With, updated: cst.With):
+    @handles("leave_With")
+    def _side_effects_after_with(self, original: cst.With, updated: cst.With):
         if any(is_eval_context(self.rules, self._qual(_callee(item.item)))
                for item in original.items):
             self._no_grad_depth -= 1
@@ -702,7 +706,8 @@ class SideEffectMixin(TransformerBase):
         args[index] = args[index].with_changes(value=value.args[0].value)
         return call.with_changes(args=args)
 
-    def leave_FormattedStringExpression(self, original, updated):
+    @handles("leave_FormattedStringExpression")
+    def _side_effects_after_formatted_string_expression(self, original, updated):
         expr = original.expression
         if (isinstance(expr, cst.Call) and self.rules.match("timestamps", self._qual(expr.func))
                 and not _is_rt_call(updated.expression, self.rt, "broadcast_object")):

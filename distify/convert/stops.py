@@ -55,14 +55,15 @@ from distify.analysis.stops import (
     statement_calls,
 )
 from distify.convert.base import TransformerBase
+from distify.convert.driver import handles
 from distify.convert.syntax import _EQUAL, _code, _leaves_loop, _strip_parens
 
 _SPACE = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
 
 
 class StopMixin(TransformerBase):
-    def visit_Module(self, node: cst.Module) -> None:
-        super().visit_Module(node)
+    @handles("visit_Module")
+    def _stops_on_module(self, node: cst.Module) -> None:
         self._nests_with_exits: set[int] = set()
         self._functions: dict[str, cst.FunctionDef | None] = {}  # local defs, as rewritten
         self._file_functions = FileFunctions(self.rt, self._functions)
@@ -91,14 +92,22 @@ class StopMixin(TransformerBase):
         #: :meth:`leave_Module`, only for a file with such tests
         self._calls_of: dict[str, int] = {}
 
-    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef):
+    @handles("leave_FunctionDef")
+    def _stops_after_function_def(self, original: cst.FunctionDef, updated: cst.FunctionDef):
+        """Record the def as rewritten (before the scope bookkeeping leaves it)."""
         name = updated.name.value
         # two functions of one name (methods of two classes): neither is known to agree
         self._functions[name] = None if name in self._functions else updated
-        result = super().leave_FunctionDef(original, updated)
-        if isinstance(result, cst.FunctionDef) and self._originals.get(name) is original:
-            self._move_tests(name, result)
-        return result
+        return updated
+
+    @handles("leave_FunctionDef")
+    def _stops_move_function_tests(self, original: cst.FunctionDef, updated: cst.FunctionDef):
+        """Move the tests found in the def as written to the rewritten def (after the scope
+        bookkeeping left it)."""
+        if isinstance(updated, cst.FunctionDef) and \
+                self._originals.get(updated.name.value) is original:
+            self._move_tests(updated.name.value, updated)
+        return updated
 
     def _move_tests(self, name: str, rewritten: cst.FunctionDef) -> None:
         """The tests found in ``name`` as written (it is defined below a loop that calls it),
@@ -145,22 +154,26 @@ class StopMixin(TransformerBase):
     def _branch_left(self) -> None:
         self._branch_depth -= 1
 
-    def visit_ExceptHandler(self, node: cst.ExceptHandler) -> None:
+    @handles("visit_ExceptHandler")
+    def _stops_on_except_handler(self, node: cst.ExceptHandler) -> None:
         self._branch_depth += 1
 
-    def leave_ExceptHandler(self, original: cst.ExceptHandler, updated: cst.ExceptHandler):
+    @handles("leave_ExceptHandler")
+    def _stops_after_except_handler(self, original: cst.ExceptHandler, updated: cst.ExceptHandler):
         self._branch_depth -= 1
         return updated
 
-    def visit_MatchCase(self, node: cst.MatchCase) -> None:
+    @handles("visit_MatchCase")
+    def _stops_on_match_case(self, node: cst.MatchCase) -> None:
         self._branch_depth += 1
 
-    def leave_MatchCase(self, original: cst.MatchCase, updated: cst.MatchCase):
+    @handles("leave_MatchCase")
+    def _stops_after_match_case(self, original: cst.MatchCase, updated: cst.MatchCase):
         self._branch_depth -= 1
         return updated
 
-    def visit_For(self, node: cst.For) -> None:
-        super().visit_For(node)
+    @handles("visit_For")
+    def _stops_on_for(self, node: cst.For) -> None:
         if len(self._loops) == 1:
             self._nest_branch_base = self._branch_depth
             self._calls_exiting(node)
@@ -176,8 +189,8 @@ class StopMixin(TransformerBase):
                 self._nests_with_exits.add(id(self._loops[0]))
                 return
 
-    def visit_If(self, node: cst.If) -> None:
-        super().visit_If(node)
+    @handles("visit_If")
+    def _stops_on_if(self, node: cst.If) -> None:
         self._branch_depth += 1
         if self._loops and (any(
                 _leaves_loop(body, self._ends) or _continues(body)
@@ -185,19 +198,21 @@ class StopMixin(TransformerBase):
                              else None) if body is not None) or optimizer_work(node) is not None):
             self._nests_with_exits.add(id(self._loops[0]))
 
-    def visit_While(self, node: cst.While) -> None:
-        super().visit_While(node)
+    @handles("visit_While")
+    def _stops_on_while(self, node: cst.While) -> None:
         if len(self._loops) == 1:
             self._nest_branch_base = self._branch_depth
             self._calls_exiting(node)
         if not (isinstance(node.test, cst.Name) and node.test.value == "True"):
             self._nests_with_exits.add(id(self._loops[0]))
 
-    def leave_For(self, original: cst.For, updated: cst.For):
-        return super().leave_For(original, self._decide_stops(updated))
+    @handles("leave_For")
+    def _stops_after_for(self, original: cst.For, updated: cst.For):
+        return self._decide_stops(updated)
 
-    def leave_While(self, original: cst.While, updated: cst.While):
-        return super().leave_While(original, self._decide_stops(updated))
+    @handles("leave_While")
+    def _stops_after_while(self, original: cst.While, updated: cst.While):
+        return self._decide_stops(updated)
 
     def _decide_stops(self, loop: cst.For | cst.While) -> cst.For | cst.While:
         """At the outermost loop of a function: rewrite or report the exits of the nest."""
@@ -256,7 +271,8 @@ class StopMixin(TransformerBase):
             self.edits[:] = [edit for edit in self.edits if edit.node is not call]
             return
 
-    def leave_Module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
+    @handles("leave_Module")
+    def _stops_after_module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
         """Decide the tests in local functions that training loops call (``sanity_check(x)``,
         whose ``if torch.isnan(batch).any(): sys.exit(0)`` ends one process): alike when
         every call of the function in the file is one the analysis placed (so every process
@@ -306,7 +322,7 @@ class StopMixin(TransformerBase):
                     self._edit(stop.test, "divergence", self._unsafe_message(replace(
                         stop, action="note", why=f"`{stop.function}` was rewritten around "
                         "it")), human=True)
-        return super().leave_Module(original, updated)
+        return updated
 
     def _moved(self, old: cst.CSTNode, new: cst.CSTNode) -> None:
         """The rewrite rebuilt ``old`` as ``new``: the report's lines on it follow."""

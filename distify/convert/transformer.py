@@ -47,6 +47,7 @@ from distify.convert.batch_shapes import BatchShapeMixin
 from distify.convert.bptt import StreamShardMixin
 from distify.convert.collected import CollectedMixin
 from distify.convert.devices import DeviceMixin
+from distify.convert.driver import handles
 from distify.convert.environments import EnvironmentMixin
 from distify.convert.full_batch import FullBatchMixin
 from distify.convert.loops import LoopMixin
@@ -68,14 +69,16 @@ class DistifyTransformer(AccumulationMixin, BatchShapeMixin, CollectedMixin, Mod
     dispatches calls and statements to them."""
 
     # ---------------------------------------------------------------- statements
-    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+    @handles("visit_SimpleStatementLine")
+    def _driver_on_simple_statement_line(self, node: cst.SimpleStatementLine) -> None:
         self._statements.append(node)
         self._pending_models.append([])
         self._built.append([])
         self._downloads.append(False)
 
-    def leave_SimpleStatementLine(self, original: cst.SimpleStatementLine,
-                                  updated: cst.SimpleStatementLine):
+    @handles("leave_SimpleStatementLine")
+    def _driver_after_simple_statement_line(self, original: cst.SimpleStatementLine,
+                                            updated: cst.SimpleStatementLine):
         self._statements.pop()
         models = self._pending_models.pop()
         built = self._built.pop()
@@ -123,13 +126,15 @@ class DistifyTransformer(AccumulationMixin, BatchShapeMixin, CollectedMixin, Mod
 
     # A one-line suite (`if cond: stmt`) is handled as the line it holds; when the rewrite needs
     # more than that line, the suite becomes an indented block.
-    def visit_SimpleStatementSuite(self, node: cst.SimpleStatementSuite) -> None:
-        self.visit_SimpleStatementLine(node)  # type: ignore[arg-type]
+    @handles("visit_SimpleStatementSuite")
+    def _driver_on_simple_statement_suite(self, node: cst.SimpleStatementSuite) -> None:
+        self._driver_on_simple_statement_line(node)  # type: ignore[arg-type]
 
-    def leave_SimpleStatementSuite(self, original: cst.SimpleStatementSuite,
-                                   updated: cst.SimpleStatementSuite):
+    @handles("leave_SimpleStatementSuite")
+    def _driver_after_simple_statement_suite(self, original: cst.SimpleStatementSuite,
+                                             updated: cst.SimpleStatementSuite):
         as_line = cst.SimpleStatementLine(body=updated.body)
-        result = self.leave_SimpleStatementLine(
+        result = self._driver_after_simple_statement_line(
             cst.SimpleStatementLine(body=original.body), as_line)
         if result is as_line:
             return updated
@@ -148,11 +153,13 @@ class DistifyTransformer(AccumulationMixin, BatchShapeMixin, CollectedMixin, Mod
         """Is the call being left the whole of an expression statement (guarded there)?"""
         return self._expr_depth > 0 and self._expr_call is self._leaving
 
-    def visit_Expr(self, node: cst.Expr) -> None:
+    @handles("visit_Expr")
+    def _driver_on_expr(self, node: cst.Expr) -> None:
         self._expr_depth += 1
         self._expr_call = node.value
 
-    def leave_Expr(self, original: cst.Expr, updated: cst.Expr):
+    @handles("leave_Expr")
+    def _driver_after_expr(self, original: cst.Expr, updated: cst.Expr):
         self._expr_depth -= 1
         self._expr_call = None
         if self._is_pinning(original.value) and not self._skipped("device", updated):
@@ -160,8 +167,9 @@ class DistifyTransformer(AccumulationMixin, BatchShapeMixin, CollectedMixin, Mod
             return cst.RemovalSentinel.REMOVE
         return updated
 
-    def leave_IndentedBlock(self, original: cst.IndentedBlock,
-                            updated: cst.IndentedBlock) -> cst.IndentedBlock:
+    @handles("leave_IndentedBlock")
+    def _driver_after_indented_block(self, original: cst.IndentedBlock,
+                                     updated: cst.IndentedBlock) -> cst.IndentedBlock:
         self._depth -= 1
         if not updated.body:
             placeholder = cst.SimpleStatementLine([cst.Pass()])
@@ -177,7 +185,8 @@ class DistifyTransformer(AccumulationMixin, BatchShapeMixin, CollectedMixin, Mod
             body = self._merge_guards(body)
         return body
 
-    def leave_If(self, original: cst.If, updated: cst.If):
+    @handles("leave_If")
+    def _driver_after_if(self, original: cst.If, updated: cst.If):
         """An ``if`` whose whole body was device pinning goes away with it."""
         updated = self._reduce_where_read(original, updated)  # see .accumulation
         self._branch_left()
@@ -191,7 +200,8 @@ class DistifyTransformer(AccumulationMixin, BatchShapeMixin, CollectedMixin, Mod
         return cst.FlattenSentinel([updated, *after]) if after else updated
 
     # ---------------------------------------------------------------- calls
-    def visit_Call(self, node: cst.Call) -> None:
+    @handles("visit_Call")
+    def _driver_on_call(self, node: cst.Call) -> None:
         func = node.func
         if self._loops and self._draws_from_a_loader(node):
             for loop in self._loops:
@@ -209,7 +219,8 @@ class DistifyTransformer(AccumulationMixin, BatchShapeMixin, CollectedMixin, Mod
                 and func.value.value not in self._loops[-1].meters):
             self._loops[-1].meters.append(func.value.value)
 
-    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+    @handles("leave_Call")
+    def _driver_after_call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
         updated = self._batch_shape_call(original, updated)
         updated = self._shard_stream_call(original, updated)
         result = self._leave_call(original, updated)
@@ -255,11 +266,98 @@ class DistifyTransformer(AccumulationMixin, BatchShapeMixin, CollectedMixin, Mod
         return self._rewrite_device_method(updated, func, method) or updated
 
     # ---------------------------------------------------------------- module
-    def leave_Module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
-        updated = super().leave_Module(original, updated)  # StopMixin: tests in helpers
+    @handles("leave_Module")
+    def _driver_after_module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
         if self._removed and updated.body:
             self._attach_removals(updated.body[-1])
         return updated.with_changes(body=self._tidy_block(updated.body))
+
+    # ---------------------------------------------------------------- the dispatch table
+    #: LibCST hook → the handlers it runs, in order (see :mod:`.driver`): a visit hook's answer
+    #: is its last handler's; a leave hook hands each handler the node the one before returned.
+    #: The scope bookkeeping (``base``) comes first on the way in; the rewrites that read what
+    #: the others made of a node (``accumulation`` of a loop, the statement's ``driver``) last on
+    #: the way out.
+    HANDLERS = {
+        # the module: whole-file analyses first, then what is decided once every node is known
+        "visit_Module": (
+            TransformerBase._base_on_module, MeterMixin._meters_on_module,
+            StreamShardMixin._bptt_on_module, RandomnessMixin._randomness_on_module,
+            SideEffectMixin._side_effects_on_module, FullBatchMixin._full_batch_on_module,
+            StopMixin._stops_on_module, BatchShapeMixin._batch_shapes_on_module,
+            AccumulationMixin._accumulation_on_module),
+        "leave_Module": (
+            StopMixin._stops_after_module, AccumulationMixin._accumulation_after_module,
+            _driver_after_module),
+        # scopes
+        "visit_ClassDef": (TransformerBase._base_on_class_def,),
+        "leave_ClassDef": (TransformerBase._base_after_class_def,),
+        "visit_FunctionDef": (
+            TransformerBase._base_on_function_def, MeterMixin._meters_on_function_def),
+        "leave_FunctionDef": (
+            StopMixin._stops_after_function_def, TransformerBase._base_after_function_def,
+            StopMixin._stops_move_function_tests),
+        "visit_Lambda": (BatchShapeMixin._batch_shapes_on_lambda,),
+        "leave_Lambda": (BatchShapeMixin._batch_shapes_after_lambda,),
+        "visit_IndentedBlock": (TransformerBase._base_on_indented_block,),
+        "leave_IndentedBlock": (_driver_after_indented_block,),
+        # loops and branches
+        "visit_For": (
+            LoopMixin._loops_on_for, FullBatchMixin._full_batch_on_for, StopMixin._stops_on_for,
+            CollectedMixin._collected_on_for, BatchShapeMixin._batch_shapes_on_for,
+            AccumulationMixin._accumulation_on_for),
+        "leave_For": (
+            BatchShapeMixin._batch_shapes_after_for, StopMixin._stops_after_for,
+            FullBatchMixin._full_batch_after_for, LoopMixin._loops_after_for,
+            AccumulationMixin._accumulation_after_for),
+        "visit_While": (
+            LoopMixin._loops_on_while, FullBatchMixin._full_batch_on_while,
+            StopMixin._stops_on_while),
+        "leave_While": (
+            StopMixin._stops_after_while, FullBatchMixin._full_batch_after_while,
+            LoopMixin._loops_after_while),
+        "visit_If": (LoopMixin._loops_on_if, StopMixin._stops_on_if),
+        "leave_If": (_driver_after_if,),
+        "visit_Try": (SideEffectMixin._side_effects_on_try,),
+        "visit_ExceptHandler": (StopMixin._stops_on_except_handler,),
+        "leave_ExceptHandler": (StopMixin._stops_after_except_handler,),
+        "visit_MatchCase": (StopMixin._stops_on_match_case,),
+        "leave_MatchCase": (StopMixin._stops_after_match_case,),
+        "visit_With": (SideEffectMixin._side_effects_on_with,),
+        "leave_With": (SideEffectMixin._side_effects_after_with,),
+        "visit_WithItem": (LoopMixin._loops_on_with_item,),
+        # statements
+        "visit_SimpleStatementLine": (_driver_on_simple_statement_line,),
+        "leave_SimpleStatementLine": (_driver_after_simple_statement_line,),
+        "visit_SimpleStatementSuite": (_driver_on_simple_statement_suite,),
+        "leave_SimpleStatementSuite": (_driver_after_simple_statement_suite,),
+        "visit_Expr": (_driver_on_expr,),
+        "leave_Expr": (_driver_after_expr,),
+        "visit_Assign": (
+            TransformerBase._base_on_assign, MeterMixin._meters_on_assign,
+            LoopMixin._loops_on_assign, CollectedMixin._collected_on_assign),
+        "leave_Assign": (
+            BatchShapeMixin._batch_shapes_after_assign, CollectedMixin._collected_after_assign,
+            DeviceMixin._devices_after_assign, AccumulationMixin._accumulation_after_assign),
+        "visit_AugAssign": (
+            LoopMixin._loops_on_aug_assign, CollectedMixin._collected_on_aug_assign),
+        "leave_AugAssign": (LoopMixin._loops_after_aug_assign,),
+        "visit_AnnAssign": (ModelMixin._models_on_ann_assign,),
+        "leave_AnnAssign": (
+            BatchShapeMixin._batch_shapes_after_ann_assign, DeviceMixin._devices_after_ann_assign),
+        # expressions
+        "visit_Call": (_driver_on_call,),
+        "leave_Call": (_driver_after_call,),
+        "visit_Attribute": (BatchShapeMixin._batch_shapes_on_attribute,),
+        "leave_Arg": (DeviceMixin._devices_after_arg,),
+        "leave_DictElement": (DeviceMixin._devices_after_dict_element,),
+        "leave_IfExp": (DeviceMixin._devices_after_if_exp,),
+        "leave_BinaryOperation": (
+            LoopMixin._loops_after_binary_operation,
+            AccumulationMixin._accumulation_after_binary_operation),
+        "leave_FormattedStringExpression": (
+            SideEffectMixin._side_effects_after_formatted_string_expression,),
+    }
 
 
 def _is_literal_false(node: cst.BaseExpression) -> bool:
