@@ -1,0 +1,233 @@
+"""The converter's driver (:mod:`distify.convert.driver`): one table says which family handlers
+each LibCST hook runs and in what order; no family defines a hook of its own."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+
+import libcst as cst
+import pytest
+
+import distify.convert
+from distify.analysis.facts import gather_facts, parse_ast
+from distify.convert.base import TransformerBase
+from distify.convert.driver import handles, install
+from distify.convert.transformer import DistifyTransformer
+from distify.rules import default_rules
+
+# The order each hook runs its handlers in. The chained hooks are the order the mixins' chained
+# ``super()`` calls ran them in before the driver (the deepest base's code first on the way in,
+# the outermost mixin's code last on the way out); changing it changes conversions.
+ORDER = {
+    "visit_Module": (
+        "TransformerBase._base_on_module", "MeterMixin._meters_on_module",
+        "StreamShardMixin._bptt_on_module", "RandomnessMixin._randomness_on_module",
+        "SideEffectMixin._side_effects_on_module", "FullBatchMixin._full_batch_on_module",
+        "StopMixin._stops_on_module", "BatchShapeMixin._batch_shapes_on_module",
+        "AccumulationMixin._accumulation_on_module"),
+    "leave_Module": (
+        "StopMixin._stops_after_module", "AccumulationMixin._accumulation_after_module",
+        "DistifyTransformer._driver_after_module"),
+    "visit_ClassDef": ("TransformerBase._base_on_class_def",),
+    "leave_ClassDef": ("TransformerBase._base_after_class_def",),
+    "visit_FunctionDef": (
+        "TransformerBase._base_on_function_def", "MeterMixin._meters_on_function_def"),
+    "leave_FunctionDef": (
+        "StopMixin._stops_after_function_def", "TransformerBase._base_after_function_def",
+        "StopMixin._stops_move_function_tests"),
+    "visit_Lambda": ("BatchShapeMixin._batch_shapes_on_lambda",),
+    "leave_Lambda": ("BatchShapeMixin._batch_shapes_after_lambda",),
+    "visit_IndentedBlock": ("TransformerBase._base_on_indented_block",),
+    "leave_IndentedBlock": ("DistifyTransformer._driver_after_indented_block",),
+    "visit_For": (
+        "LoopMixin._loops_on_for", "FullBatchMixin._full_batch_on_for",
+        "StopMixin._stops_on_for", "CollectedMixin._collected_on_for",
+        "BatchShapeMixin._batch_shapes_on_for", "AccumulationMixin._accumulation_on_for"),
+    "leave_For": (
+        "BatchShapeMixin._batch_shapes_after_for", "StopMixin._stops_after_for",
+        "FullBatchMixin._full_batch_after_for", "LoopMixin._loops_after_for",
+        "AccumulationMixin._accumulation_after_for"),
+    "visit_While": (
+        "LoopMixin._loops_on_while", "FullBatchMixin._full_batch_on_while",
+        "StopMixin._stops_on_while"),
+    "leave_While": (
+        "StopMixin._stops_after_while", "FullBatchMixin._full_batch_after_while",
+        "LoopMixin._loops_after_while"),
+    "visit_If": ("LoopMixin._loops_on_if", "StopMixin._stops_on_if"),
+    "leave_If": ("DistifyTransformer._driver_after_if",),
+    "visit_Try": ("SideEffectMixin._side_effects_on_try",),
+    "visit_ExceptHandler": ("StopMixin._stops_on_except_handler",),
+    "leave_ExceptHandler": ("StopMixin._stops_after_except_handler",),
+    "visit_MatchCase": ("StopMixin._stops_on_match_case",),
+    "leave_MatchCase": ("StopMixin._stops_after_match_case",),
+    "visit_With": ("SideEffectMixin._side_effects_on_with",),
+    "leave_With": ("SideEffectMixin._side_effects_after_with",),
+    "visit_WithItem": ("LoopMixin._loops_on_with_item",),
+    "visit_SimpleStatementLine": ("DistifyTransformer._driver_on_simple_statement_line",),
+    "leave_SimpleStatementLine": ("DistifyTransformer._driver_after_simple_statement_line",),
+    "visit_SimpleStatementSuite": ("DistifyTransformer._driver_on_simple_statement_suite",),
+    "leave_SimpleStatementSuite": ("DistifyTransformer._driver_after_simple_statement_suite",),
+    "visit_Expr": ("DistifyTransformer._driver_on_expr",),
+    "leave_Expr": ("DistifyTransformer._driver_after_expr",),
+    "visit_Assign": (
+        "TransformerBase._base_on_assign", "MeterMixin._meters_on_assign",
+        "LoopMixin._loops_on_assign", "CollectedMixin._collected_on_assign"),
+    "leave_Assign": (
+        "BatchShapeMixin._batch_shapes_after_assign", "CollectedMixin._collected_after_assign",
+        "DeviceMixin._devices_after_assign", "AccumulationMixin._accumulation_after_assign"),
+    "visit_AugAssign": (
+        "LoopMixin._loops_on_aug_assign", "CollectedMixin._collected_on_aug_assign"),
+    "leave_AugAssign": ("LoopMixin._loops_after_aug_assign",),
+    "visit_AnnAssign": ("ModelMixin._models_on_ann_assign",),
+    "leave_AnnAssign": (
+        "BatchShapeMixin._batch_shapes_after_ann_assign", "DeviceMixin._devices_after_ann_assign"),
+    "visit_Call": ("DistifyTransformer._driver_on_call",),
+    "leave_Call": ("DistifyTransformer._driver_after_call",),
+    "visit_Attribute": ("BatchShapeMixin._batch_shapes_on_attribute",),
+    "leave_Arg": ("DeviceMixin._devices_after_arg",),
+    "leave_DictElement": ("DeviceMixin._devices_after_dict_element",),
+    "leave_IfExp": ("DeviceMixin._devices_after_if_exp",),
+    "leave_BinaryOperation": (
+        "LoopMixin._loops_after_binary_operation",
+        "AccumulationMixin._accumulation_after_binary_operation"),
+    "leave_FormattedStringExpression": (
+        "SideEffectMixin._side_effects_after_formatted_string_expression",),
+}
+
+
+def _families() -> list[type]:
+    """Every rewrite family in distify.convert (the subclasses of TransformerBase, and it)."""
+    for info in pkgutil.iter_modules(distify.convert.__path__, "distify.convert."):
+        importlib.import_module(info.name)
+    found: list[type] = []
+    stack = [TransformerBase]
+    while stack:
+        cls = stack.pop()
+        if cls.__module__.startswith("distify.convert.") and cls not in found:
+            found.append(cls)
+        stack.extend(cls.__subclasses__())
+    return found
+
+
+def _is_libcst_hook(name: str) -> bool:
+    kind, _, node = name.partition("_")
+    return kind in ("visit", "leave") and isinstance(getattr(cst, node.split("_")[0], None), type)
+
+
+def test_the_table_lists_each_hooks_handlers_in_order():
+    table = {hook: tuple(h.__qualname__ for h in handlers)
+             for hook, handlers in DistifyTransformer.HANDLERS.items()}
+    assert table == ORDER
+
+
+def test_no_family_defines_a_libcst_hook():
+    families = _families()
+    assert len(families) >= 15  # the mixins, the base and the driver were all found
+    defining = {f"{cls.__qualname__}.{name}" for cls in families for name in vars(cls)
+                if _is_libcst_hook(name) and cls is not DistifyTransformer}
+    assert defining == set()
+
+
+def test_every_handler_is_in_the_table_under_the_hook_it_handles():
+    listed = {h: hook for hook, handlers in DistifyTransformer.HANDLERS.items() for h in handlers}
+    marked = {value: value.handles for cls in _families() for value in vars(cls).values()
+              if inspect.isfunction(value) and hasattr(value, "handles")}
+    assert len(marked) == sum(len(h) for h in ORDER.values())
+    assert marked == listed
+
+
+def test_the_driver_hooks_are_the_tables():
+    for hook, handlers in DistifyTransformer.HANDLERS.items():
+        if len(handlers) == 1:  # no call in between
+            assert getattr(DistifyTransformer, hook) is handlers[0], hook
+        else:
+            assert getattr(DistifyTransformer, hook) not in handlers, hook
+
+
+def test_install_refuses_a_handler_listed_under_another_hook():
+    class Wrong(cst.CSTTransformer):
+        @handles("visit_Name")
+        def _on_name(self, node):
+            return None
+
+    with pytest.raises(TypeError, match="handles 'visit_Name'"):
+        install(Wrong, {"visit_Call": (Wrong._on_name,)})
+    with pytest.raises(TypeError, match="not a LibCST hook"):
+        install(Wrong, {"visit_Nothing": (Wrong._on_name,)})
+
+
+class _Toy(cst.CSTTransformer):
+    """Two families' handlers on one hook: a log of their calls, and names rewritten in turn."""
+
+    def __init__(self, answer: bool | None) -> None:
+        super().__init__()
+        self.answer = answer
+        self.log: list[str] = []
+
+    @handles("visit_Call")
+    def _first_on_call(self, node):
+        self.log.append("first")
+        return False  # not the last handler: its answer is not the hook's
+
+    @handles("visit_Call")
+    def _second_on_call(self, node):
+        self.log.append("second")
+        return self.answer
+
+    @handles("leave_Name")
+    def _first_after_name(self, original, updated):
+        return updated.with_changes(value=updated.value + "_a")
+
+    @handles("leave_Name")
+    def _second_after_name(self, original, updated):
+        assert original.value + "_a" == updated.value  # handed the first one's result
+        return updated.with_changes(value=updated.value + "_b")
+
+
+install(_Toy, {"visit_Call": (_Toy._first_on_call, _Toy._second_on_call),
+               "leave_Name": (_Toy._first_after_name, _Toy._second_after_name)})
+
+
+@pytest.mark.parametrize(("answer", "code"), [
+    pytest.param(None, "f_a_b(x_a_b)\n", id="last-answer-None-visits-children"),
+    pytest.param(False, "f(x)\n", id="last-answer-False-skips-children"),
+])
+def test_a_hook_runs_its_handlers_in_order_and_threads_the_node(answer, code):
+    toy = _Toy(answer)
+    assert cst.parse_module("f(x)\n").visit(toy).code == code
+    assert toy.log == ["first", "second"]
+
+
+def _convert_with(driver: type, source: str) -> str:
+    rules = default_rules()
+    data = source.encode()
+    facts = gather_facts(parse_ast(data, "t.py"), data, rules)
+    return cst.parse_module(data).visit(driver(facts, rules, "rt")).code
+
+
+_SETUP = {"visit_Module", "leave_Module", "visit_SimpleStatementLine",
+          "leave_SimpleStatementLine", "visit_IndentedBlock", "leave_IndentedBlock"}
+
+
+def _driver_with(families: tuple[str, ...]) -> type:
+    """The driver with the module and statement bookkeeping, and only ``families``' other
+    handlers (family: the prefix of its handlers' names, ``devices``)."""
+    table = {hook: tuple(h for h in handlers if hook in _SETUP
+                         or h.__name__.startswith(tuple(f"_{f}_" for f in families)))
+             for hook, handlers in DistifyTransformer.HANDLERS.items()}
+    table = {hook: handlers for hook, handlers in table.items() if handlers}
+    return type("PartialDriver", (DistifyTransformer,), {"HANDLERS": table})
+
+
+DEVICE_SETTING = 'import torch\ndevice = "cuda:0"\nmodel = torch.nn.Linear(2, 2).to(device)\n'
+
+
+def test_one_familys_handlers_run_alone():
+    full = _convert_with(DistifyTransformer, DEVICE_SETTING)
+    alone = _convert_with(_driver_with(("devices", "base")), DEVICE_SETTING)
+    without = _convert_with(_driver_with(("base",)), DEVICE_SETTING)
+    assert 'device = rt.device().type' in full
+    assert 'device = rt.device().type' in alone
+    assert 'device = "cuda:0"' in without  # the table, not the class, runs the family
