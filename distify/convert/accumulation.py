@@ -245,9 +245,9 @@ class AccumulationMixin(TransformerBase):
     # ---------------------------------------------------------------- the count and counters
     @handles("leave_Assign")
     def _accumulation_after_assign(self, original: cst.Assign, updated: cst.Assign):
-        if not isinstance(updated, cst.Assign) or not self._statements:
+        if not isinstance(updated, cst.Assign) or not self.ctx.statements:
             return updated
-        line = self._statements[-1]
+        line = self.ctx.statements[-1]
         known = self._count_of_line.get(id(line))
         if known is not None and known[1].split:
             self._split_count(known[0], updated)
@@ -273,14 +273,14 @@ class AccumulationMixin(TransformerBase):
         self._edit(share, "accumulation", f"`{count}` {why}: each of N processes runs 1/N of "
                    "its micro-steps, so an optimizer step still covers that total; the job stops "
                    "with an error when N does not divide it")
-        self._after.append(share)
+        self.ctx.after.append(share)
 
     @handles("leave_BinaryOperation")
     def _accumulation_after_binary_operation(self, original: cst.BinaryOperation,
                                              updated: cst.BinaryOperation) -> cst.BaseExpression:
         """A product with the count left as it is (``estimate_mfu(batch_size * n, dt)``, a
         tokens/sec in a print) counts one process's share: said on its line, once."""
-        line = self._statements[-1] if self._statements else None
+        line = self.ctx.statements[-1] if self.ctx.statements else None
         counts = {f.count for f in self._micro_steps.values() if f.sharded}
         if (line is None or self._micro_depth or id(line) in self._last_loss_lines
                 or id(line) in self._count_of_line or not set(_factors(original)) & counts

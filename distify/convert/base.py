@@ -15,6 +15,7 @@ from distify.analysis.facts import FileFacts
 from distify.analysis.loaders import is_loaderish, is_loop_wrapper, unwrapped
 from distify.analysis.names import dotted_name
 from distify.analysis.walk import PUNCTUATION
+from distify.convert.context import ConvertContext
 from distify.convert.driver import handles, install
 from distify.convert.rewrites import REGISTRY
 from distify.convert.syntax import _callee, _code, _is_zero
@@ -212,9 +213,8 @@ class TransformerBase(cst.CSTTransformer):
         self.rt = rt
         #: the rewrites turned off (``--skip``; names of :mod:`distify.convert.rewrites`)
         self.skip = skip
-        #: (rewrite, id of the statement) where a skip was reported → that statement (kept
-        #: alive, so that its id is not reused)
-        self._skip_sites: dict[tuple[str, int], cst.CSTNode] = {}
+        #: the bookkeeping of the module being converted (made anew for each module)
+        self.ctx = ConvertContext()
         self.edits: list[Edit] = []
         #: index of the first top-level statement that runs at import time and uses the
         #: runtime (where its import must already be done); len(body) when there is none
@@ -222,20 +222,16 @@ class TransformerBase(cst.CSTTransformer):
         self._top_level: dict[int, tuple[int, bool]] = {}
         self._depth = 0  # enclosing indented blocks
         self._indent_unit = "    "
-        self._statements: list[cst.SimpleStatementLine] = []  # the lines being rewritten
-        self._first_lines: dict[int, int] = {}  # id of a line above → its first line's length
         self._current_top: tuple[int, bool] = (sys.maxsize, True)
         self.batch_sizes: list[str] = []
         self._scopes: list[_Scope] = [_Scope()]
         self._loops: list[_Loop] = []
         self._no_grad_depth = 0
         self._classes: list[bool] = []  # True for a model class body
-        self._pending_models: list[list[str]] = []
         self._unsharded_loop_reported = False
         self._removed: list[str] = []
         self._index_calls: set[int] = set()  # ids of rt.device_index() calls made (devices)
         self._emptied = NodeSet()
-        self._downloads: list[bool] = []
         self._download_stmts = NodeSet()
         self._main_only_depth = 0
         #: names of files opened with ``rt.open`` (``with open(p, "w") as f``): dumps into
@@ -249,8 +245,6 @@ class TransformerBase(cst.CSTTransformer):
         self.own_mixed_precision = False
         self._path: list[str] = []  # enclosing classes and functions, as the analysis names them
         self._assignments: dict[tuple[tuple[str, ...], str], int] = {}  # how many so far
-        self._built: list[list[tuple[str, int]]] = []  # per statement: (name, assignment index)
-        self._after: list[cst.SimpleStatementLine] = []  # lines to add after this statement
         self._backwards: dict[tuple[str, ...], int] = {}  # backward calls seen, per scope
         #: the ``if`` chains being rewritten (see :mod:`.models`, models prepared per branch)
         self._if_frames: list = []
@@ -272,14 +266,14 @@ class TransformerBase(cst.CSTTransformer):
     def _too_long(self, growth: int) -> bool:
         """Would the statement being rewritten exceed the file's line length if its first line
         grew by ``growth`` characters?"""
-        statement = self._statements[-1] if self._statements else None
+        statement = self.ctx.statements[-1] if self.ctx.statements else None
         if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) > 1:
             # none, a one-line suite, or `a = f(); b = g()`: a break there would read worse
             return False
-        if id(statement) not in self._first_lines:
+        if id(statement) not in self.ctx.first_lines:
             code = _code(statement.with_changes(leading_lines=()))
-            self._first_lines[id(statement)] = len(code.split("\n", 1)[0])
-        width = len(self._indent_unit) * self._depth + self._first_lines[id(statement)]
+            self.ctx.first_lines[id(statement)] = len(code.split("\n", 1)[0])
+        width = len(self._indent_unit) * self._depth + self.ctx.first_lines[id(statement)]
         return width + growth > max(self.facts.longest_line, 79)
 
     def _hanging(self, call: cst.Call) -> cst.Call:
@@ -292,9 +286,9 @@ class TransformerBase(cst.CSTTransformer):
         written): the report then says so on that line, with what the place keeps doing."""
         if name not in self.skip:
             return False
-        statement = self._statements[-1] if self._statements else node
-        if (name, id(statement)) not in self._skip_sites:  # said once a statement
-            self._skip_sites[name, id(statement)] = statement
+        statement = self.ctx.statements[-1] if self.ctx.statements else node
+        if (name, id(statement)) not in self.ctx.skip_sites:  # said once a statement
+            self.ctx.skip_sites[name, id(statement)] = statement
             self.edits.append(Edit(node, "skipped", f"rewrite `{name}` skipped: left as "
                                    f"written, so {REGISTRY[name].SKIPPED}", True))
         return True
@@ -335,6 +329,7 @@ class TransformerBase(cst.CSTTransformer):
 
     @handles("visit_Module")
     def _base_on_module(self, node: cst.Module) -> None:
+        self.ctx = ConvertContext()
         self._indent_unit = node.default_indent
         self._top_level = {id(stmt): (index, isinstance(stmt, (cst.FunctionDef, cst.ClassDef)))
                            for index, stmt in enumerate(node.body)}

@@ -93,8 +93,8 @@ class ModelMixin(TransformerBase):
         self._first_assigned.setdefault(key, self._if_serial)
         index = self._assignments.get(key, 0)
         self._assignments[key] = index + 1
-        if self._built:
-            self._built[-1].append((name, index))
+        if self.ctx.built:
+            self.ctx.built[-1].append((name, index))
 
     @handles("visit_AnnAssign")
     def _models_on_ann_assign(self, node: cst.AnnAssign) -> None:
@@ -109,7 +109,7 @@ class ModelMixin(TransformerBase):
 
     def _statement_target(self) -> str:
         """The dotted target of the statement being rewritten, or ``""`` (a ``return``)."""
-        return self._statement_target_of(self._statements[-1]) if self._statements else ""
+        return self._statement_target_of(self.ctx.statements[-1]) if self.ctx.statements else ""
 
     def _models_to_prepare(self, original: cst.SimpleStatementLine,
                            pending: list[str]) -> list[str]:
@@ -249,7 +249,7 @@ class ModelMixin(TransformerBase):
                 value=self._rt_call("prepare", cst.parse_expression(name)))])
             self._edit(line, "prepare-model", f"`{name}` prepared where it is built (found from "
                        "the loss it computes)")
-            self._after.append(line)
+            self.ctx.after.append(line)
         return None
 
     # ---------------------------------------------------------------- backward passes

@@ -51,8 +51,8 @@ class PrepareMixin(TransformerBase):
             if self._skipped("prepare-model", updated):
                 return None
             models = self._trained_models(original)
-            if self._pending_models and models:
-                self._pending_models[-1].extend(models)
+            if self.ctx.pending_models and models:
+                self.ctx.pending_models[-1].extend(models)
                 self._scope.prepared_models.update(models)
             wrapped = self._wrap_prepare(updated)
             self._edit(wrapped, "prepare-optimizer", "optimizer prepared (mixed-precision "

@@ -229,10 +229,10 @@ class SideEffectMixin(TransformerBase):
             new = self._runtime_open(original, updated)
             if new is not None:
                 return new
-        if self._downloads and not self._main_only_depth and self._downloads_here(
+        if self.ctx.downloads and not self._main_only_depth and self._downloads_here(
                 original, qual) and not self._calls_downloading_function(original) \
                 and not self._skipped("downloads", updated):
-            self._downloads[-1] = True
+            self.ctx.downloads[-1] = True
         if rules.match("grad_scalers", qual):
             self.own_mixed_precision = True
             self._edit(updated, "mixed-precision", "this script manages its own mixed "
@@ -682,7 +682,7 @@ class SideEffectMixin(TransformerBase):
     def _opening_column(self, original: cst.Call | None) -> int | None:
         """The column just after ``original``'s parenthesis, when the call starts its
         statement's line (``print(...)``); else None."""
-        statement = self._statements[-1] if self._statements else None
+        statement = self.ctx.statements[-1] if self.ctx.statements else None
         if original is None or statement is None or not statement.body:
             return None
         first = statement.body[0]

@@ -71,18 +71,18 @@ class DistifyTransformer(AccumulationMixin, BatchShapeMixin, CollectedMixin, Mod
     # ---------------------------------------------------------------- statements
     @handles("visit_SimpleStatementLine")
     def _driver_on_simple_statement_line(self, node: cst.SimpleStatementLine) -> None:
-        self._statements.append(node)
-        self._pending_models.append([])
-        self._built.append([])
-        self._downloads.append(False)
+        self.ctx.statements.append(node)
+        self.ctx.pending_models.append([])
+        self.ctx.built.append([])
+        self.ctx.downloads.append(False)
 
     @handles("leave_SimpleStatementLine")
     def _driver_after_simple_statement_line(self, original: cst.SimpleStatementLine,
                                             updated: cst.SimpleStatementLine):
-        self._statements.pop()
-        models = self._pending_models.pop()
-        built = self._built.pop()
-        downloads = self._downloads.pop()
+        self.ctx.statements.pop()
+        models = self.ctx.pending_models.pop()
+        built = self.ctx.built.pop()
+        downloads = self.ctx.downloads.pop()
         if not updated.body:
             return cst.RemovalSentinel.REMOVE
         updated = self._update_device_comment(updated)
@@ -105,8 +105,8 @@ class DistifyTransformer(AccumulationMixin, BatchShapeMixin, CollectedMixin, Mod
         if joined:
             return cst.FlattenSentinel(joined)
         prepared = self._prepare_built(updated, built) or updated
-        if self._after:
-            lines, self._after = [prepared, *self._after], []
+        if self.ctx.after:
+            lines, self.ctx.after = [prepared, *self.ctx.after], []
             return cst.FlattenSentinel(lines)
         return prepared
 
