@@ -13,6 +13,7 @@ import pytest
 import distify.convert
 from distify.analysis.facts import gather_facts, parse_ast
 from distify.convert.base import TransformerBase
+from distify.convert.context import ConvertContext
 from distify.convert.driver import handles, install
 from distify.convert.transformer import DistifyTransformer
 from distify.rules import default_rules
@@ -231,3 +232,52 @@ def test_one_familys_handlers_run_alone():
     assert 'device = rt.device().type' in full
     assert 'device = rt.device().type' in alone
     assert 'device = "cuda:0"' in without  # the table, not the class, runs the family
+
+
+def _transformer(source: str) -> tuple[DistifyTransformer, cst.Module]:
+    rules = default_rules()
+    data = source.encode()
+    facts = gather_facts(parse_ast(data, "t.py"), data, rules)
+    return DistifyTransformer(facts, rules, "rt"), cst.parse_module(data)
+
+
+def test_the_bookkeeping_is_in_the_context_not_on_the_transformer():
+    transformer, _ = _transformer("import torch\n")
+    # the inputs and the results the engine reads; everything else is the context's
+    own = set(vars(transformer)) - set(vars(cst.CSTTransformer()))  # LibCST's `metadata`
+    assert own == {"facts", "rules", "rt", "skip", "ctx", "edits", "first_touched",
+                   "batch_sizes", "own_mixed_precision"}
+    assert isinstance(transformer.ctx, ConvertContext)
+
+
+TRAINING = """\
+import torch
+model = torch.nn.Linear(2, 2).cuda()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = torch.utils.data.DataLoader(range(8), batch_size=2)
+
+def train(epochs):
+    class Inner:
+        pass
+    for epoch in range(epochs):
+        for batch in loader:
+            loss = model(batch).sum(); loss.backward()
+            optimizer.step()
+        if epoch % 2 == 0: print(epoch)
+"""
+
+
+def test_a_walk_leaves_a_fresh_context_balanced():
+    transformer, module = _transformer(TRAINING)
+    before = transformer.ctx
+    output = module.visit(transformer).code
+    assert "rt.prepare(" in output and "rt.backward(loss)" in output  # it did convert
+    ctx = transformer.ctx
+    assert ctx is not before  # made anew for the module
+    # every stack pushed on the way in was popped on the way out
+    assert (ctx.statements, ctx.pending_models, ctx.built, ctx.downloads, ctx.after) == \
+        ([], [], [], [], [])
+    assert (ctx.loops, ctx.loops_saved, ctx.path, ctx.classes, ctx.if_frames) == \
+        ([], [], [], [], [])
+    assert len(ctx.scopes) == 1
+    assert (ctx.depth, ctx.no_grad_depth, ctx.main_only_depth, ctx.expr_depth) == (0, 0, 0, 0)

@@ -170,8 +170,8 @@ class AccumulationMixin(TransformerBase):
         found = self._micro_steps.get(id(node))
         if found is not None:
             self._micro_depth += 1
-            if self._loops:  # averaged where read, or read nowhere: no sum after the loop
-                self._loops[-1].own_reduce.update(found.sums, found.unread)
+            if self.ctx.loops:  # averaged where read, or read nowhere: no sum after the loop
+                self.ctx.loops[-1].own_reduce.update(found.sums, found.unread)
 
     @handles("leave_For")
     def _accumulation_after_for(self, original: cst.For, updated: cst.For):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import libcst as cst
@@ -15,7 +15,7 @@ from distify.analysis.facts import FileFacts
 from distify.analysis.loaders import is_loaderish, is_loop_wrapper, unwrapped
 from distify.analysis.names import dotted_name
 from distify.analysis.walk import PUNCTUATION
-from distify.convert.context import ConvertContext
+from distify.convert.context import ConvertContext, _Scope
 from distify.convert.driver import handles, install
 from distify.convert.rewrites import REGISTRY
 from distify.convert.syntax import _callee, _code, _is_zero
@@ -32,92 +32,9 @@ class Edit:
     needs_human: bool = False
 
 
-@dataclass
-class _Scope:
-    params: set[str] = field(default_factory=set)
-    loaders: set[str] = field(default_factory=set)
-    zero_inits: set[str] = field(default_factory=set)
-    lists: set[str] = field(default_factory=set)
-    #: in-memory files built here (``buffer = io.BytesIO()``): saving into one is no side effect
-    buffers: set[str] = field(default_factory=set)
-    #: running-average meters built here (``losses = AverageMeter()``)
-    meters: set[str] = field(default_factory=set)
-    prepared_models: set[str] = field(default_factory=set)
-    samplers: set[str] = field(default_factory=set)
-    saw_eval: bool = False
-    no_grad: bool = False
-    #: accumulators reduced after a loop over a loader → that loader's dotted name: later
-    #: ``len(loader)`` divisors of them count every process's batches
-    reduced: dict[str, str] = field(default_factory=dict)
-    #: per-process counts of such a loop (``steps += 1`` in it, its ``enumerate`` index),
-    #: which a reduced sum must not be divided by as they are
-    counts: set[str] = field(default_factory=set)
-    #: dicts built here that hold an optimizer's state (a training-state checkpoint)
-    training_states: set[str] = field(default_factory=set)
-    #: iterators over a DataLoader built here (``batches = iter(train_loader)``)
-    loader_iters: set[str] = field(default_factory=set)
-    #: names bound to a view of a loader (``bar = tqdm(train_loader)``) → the loader's name
-    loader_views: dict[str, str] = field(default_factory=dict)
-
-
 #: what preparing a model does on several processes (the report's words)
 DISTRIBUTED = ("wrapped in DDP when running on several processes (or sharded, when the launch "
                "config says FSDP)")
-
-
-@dataclass
-class _Loop:
-    loaderish: bool
-    accumulators: list[str] = field(default_factory=list)
-    #: what each accumulator adds (``correct += <value>``), for the report
-    added: dict[str, list[cst.BaseExpression]] = field(default_factory=dict)
-    #: names set to zero again inside the loop (``running_loss = 0.0`` after a log line)
-    resets: set[str] = field(default_factory=set)
-    #: the loader the loop iterates (its dotted name), when it is a plain name or attribute
-    loader: str | None = None
-    #: the ``i`` of ``for i, batch in enumerate(loader)``
-    index: str | None = None
-    appended: list[str] = field(default_factory=list)
-    #: meters updated in the loop (``losses.update(loss.item(), n)``)
-    meters: list[str] = field(default_factory=list)
-    #: lists whose per-sample entries are gathered as they are appended
-    gathered: set[str] = field(default_factory=set)
-    assigned: set[str] = field(default_factory=set)
-    has_backward: bool = False
-    #: the loop draws batches with ``next(...)`` from an iterator over a DataLoader
-    next_from_loader: bool = False
-    #: ``if (i + 1) % accum == 0: optimizer.step()`` tests (gradient accumulation)
-    step_tests: list[cst.BaseExpression] = field(default_factory=list)
-    #: what the ``if`` of a step test steps (``optimizer`` of ``optimizer.step()``)
-    step_receivers: list[str] = field(default_factory=list)
-    targets: set[str] = field(default_factory=set)
-    #: sums the accumulation rewrite averages itself where they are read (``loss_accum``)
-    own_reduce: set[str] = field(default_factory=set)
-    #: containers added to by index (``counts[label] += 1``) → what the first addition adds
-    tallied: dict[str, cst.BaseExpression] = field(default_factory=dict)
-    #: containers changed otherwise in the loop (``counts[i] = 0``) → that statement
-    tally_odd: dict[str, cst.CSTNode] = field(default_factory=dict)
-    #: lists filled item by item in an inner loop: this loop's lists are gathered after it
-    after: list[str] = field(default_factory=list)
-    #: names unpacked from a tuple in the loop (``inputs, labels = batch``)
-    unpacked: set[str] = field(default_factory=set)
-
-
-class NodeSet:
-    """Nodes marked by identity. It holds on to them, so that a node the rewrite dropped cannot
-    free its ``id`` for an unrelated node to be mistaken for it."""
-
-    def __init__(self) -> None:
-        self._nodes: dict[int, cst.CSTNode] = {}
-
-    def add(self, node: cst.CSTNode) -> None:
-        self._nodes[id(node)] = node
-
-    def __contains__(self, node: object) -> bool:
-        return self._nodes.get(id(node)) is node
-
-    def __bool__(self) -> bool:
-        return bool(self._nodes)
 
 
 def _is_count_up(value: cst.BaseExpression, names: list[str]) -> bool:
@@ -184,9 +101,9 @@ class TransformerBase(cst.CSTTransformer):
                 not issubclass(kind, _PUNCTUATION + _LEAVES),
                 issubclass(kind, cst.BaseStatement))
         if statement:
-            top = self._top_level.get(id(node))
+            top = self.ctx.top_level.get(id(node))
             if top is not None:
-                self._current_top = top
+                self.ctx.current_top = top
         if method is not None and method(self, node) is False:
             return False
         return descend
@@ -219,40 +136,9 @@ class TransformerBase(cst.CSTTransformer):
         #: index of the first top-level statement that runs at import time and uses the
         #: runtime (where its import must already be done); len(body) when there is none
         self.first_touched = sys.maxsize
-        self._top_level: dict[int, tuple[int, bool]] = {}
-        self._depth = 0  # enclosing indented blocks
-        self._indent_unit = "    "
-        self._current_top: tuple[int, bool] = (sys.maxsize, True)
         self.batch_sizes: list[str] = []
-        self._scopes: list[_Scope] = [_Scope()]
-        self._loops: list[_Loop] = []
-        self._no_grad_depth = 0
-        self._classes: list[bool] = []  # True for a model class body
-        self._unsharded_loop_reported = False
-        self._removed: list[str] = []
-        self._index_calls: set[int] = set()  # ids of rt.device_index() calls made (devices)
-        self._emptied = NodeSet()
-        self._download_stmts = NodeSet()
-        self._main_only_depth = 0
-        #: names of files opened with ``rt.open`` (``with open(p, "w") as f``): dumps into
-        #: them run on every process, and write once
-        self._runtime_handles: set[str] = set()
-        self._guards = NodeSet()  # the `if rt.is_main_process():` the rewrite added
-        self._expr_depth = 0
-        self._expr_call: cst.BaseExpression | None = None
-        self._leaving: cst.Call | None = None
         #: the script manages its own mixed precision (a GradScaler)
         self.own_mixed_precision = False
-        self._path: list[str] = []  # enclosing classes and functions, as the analysis names them
-        self._assignments: dict[tuple[tuple[str, ...], str], int] = {}  # how many so far
-        self._backwards: dict[tuple[str, ...], int] = {}  # backward calls seen, per scope
-        #: the ``if`` chains being rewritten (see :mod:`.models`, models prepared per branch)
-        self._if_frames: list = []
-        self._if_serial = 0  # ``if`` chains begun so far
-        self._elifs: set[int] = set()  # ids of the ``If`` nodes that are an ``elif``
-        self._if_elses: set[int] = set()  # ids of the ``Else`` nodes of ``if`` chains
-        #: (scope path, name) → the ``if`` serial when it was first assigned
-        self._first_assigned: dict[tuple[tuple[str, ...], str], int] = {}
 
     def _qual(self, node: cst.BaseExpression) -> str | None:
         return self.facts.imports.qualname(node)
@@ -273,13 +159,13 @@ class TransformerBase(cst.CSTTransformer):
         if id(statement) not in self.ctx.first_lines:
             code = _code(statement.with_changes(leading_lines=()))
             self.ctx.first_lines[id(statement)] = len(code.split("\n", 1)[0])
-        width = len(self._indent_unit) * self._depth + self.ctx.first_lines[id(statement)]
+        width = len(self.ctx.indent_unit) * self.ctx.depth + self.ctx.first_lines[id(statement)]
         return width + growth > max(self.facts.longest_line, 79)
 
     def _hanging(self, call: cst.Call) -> cst.Call:
         """The call with its arguments on the next line, one indent deeper (hanging indent)."""
         return call.with_changes(whitespace_before_args=cst.ParenthesizedWhitespace(
-            indent=True, last_line=cst.SimpleWhitespace(self._indent_unit)))
+            indent=True, last_line=cst.SimpleWhitespace(self.ctx.indent_unit)))
 
     def _skipped(self, name: str, node: cst.CSTNode) -> bool:
         """Is rewrite ``name`` turned off? Asked where it would change ``node`` (which stays as
@@ -319,40 +205,39 @@ class TransformerBase(cst.CSTTransformer):
     def _touch(self) -> None:
         """The top-level statement being visited now uses the runtime when the module is
         imported (a def or class body runs later): the runtime's import must come first."""
-        index, deferred = self._current_top
+        index, deferred = self.ctx.current_top
         if not deferred:
             self.first_touched = min(self.first_touched, index)
 
     @handles("visit_IndentedBlock")
     def _base_on_indented_block(self, node: cst.IndentedBlock) -> None:
-        self._depth += 1
+        self.ctx.depth += 1
 
     @handles("visit_Module")
     def _base_on_module(self, node: cst.Module) -> None:
-        self.ctx = ConvertContext()
-        self._indent_unit = node.default_indent
-        self._top_level = {id(stmt): (index, isinstance(stmt, (cst.FunctionDef, cst.ClassDef)))
-                           for index, stmt in enumerate(node.body)}
+        self.ctx = ConvertContext(indent_unit=node.default_indent, top_level={
+            id(stmt): (index, isinstance(stmt, (cst.FunctionDef, cst.ClassDef)))
+            for index, stmt in enumerate(node.body)})
 
     @property
     def _scope(self) -> _Scope:
-        return self._scopes[-1]
+        return self.ctx.scopes[-1]
 
     def _in_eval(self) -> bool:
-        return self._no_grad_depth > 0 or self._scope.saw_eval or self._scope.no_grad
+        return self.ctx.no_grad_depth > 0 or self._scope.saw_eval or self._scope.no_grad
 
     def _is_loader_name(self, name: str) -> bool:
         if name in self._scope.loaders or (name in self._scope.params
                                            and self.facts.builds_loaders
                                            and self._may_get_a_loader(name)):
             return True
-        return any(name in scope.loaders for scope in self._scopes[:-1])
+        return any(name in scope.loaders for scope in self.ctx.scopes[:-1])
 
     def _may_get_a_loader(self, param: str) -> bool:
         """Can the current function's parameter ``param`` hold a DataLoader? Not where every
         call of the function in this file passes something else there (``corpus_bleu(refs,
         hyps)`` called with lists); yes where one passes a loader, or no call here binds it."""
-        function = self._path[-1] if self._path else ""
+        function = self.ctx.path[-1] if self.ctx.path else ""
         filled = self.facts.loader_params.get(function)
         return filled is None or param in filled
 
@@ -378,7 +263,7 @@ class TransformerBase(cst.CSTTransformer):
     def _loader_behind(self, name: str | None) -> str | None:
         """The loader a view (``bar = tqdm(train_loader)``) shows, else ``name``."""
         for _ in range(8):  # views of views: `it = iter(enumerate(bar))`
-            source = next((scope.loader_views[name] for scope in reversed(self._scopes)
+            source = next((scope.loader_views[name] for scope in reversed(self.ctx.scopes)
                            if name in scope.loader_views), None)
             if source is None:
                 return name
@@ -396,18 +281,18 @@ class TransformerBase(cst.CSTTransformer):
             return False
         source = call.args[0].value
         if isinstance(source, cst.Name):
-            return any(source.value in scope.loader_iters for scope in self._scopes)
+            return any(source.value in scope.loader_iters for scope in self.ctx.scopes)
         return self._iterates_a_loader(source)
 
     @handles("visit_ClassDef")
     def _base_on_class_def(self, node: cst.ClassDef) -> None:
-        self._classes.append(node.name.value in self.facts.model_classes)
-        self._path.append(node.name.value)
+        self.ctx.classes.append(node.name.value in self.facts.model_classes)
+        self.ctx.path.append(node.name.value)
 
     @handles("leave_ClassDef")
     def _base_after_class_def(self, original: cst.ClassDef, updated: cst.ClassDef) -> cst.ClassDef:
-        self._classes.pop()
-        self._path.pop()
+        self.ctx.classes.pop()
+        self.ctx.path.pop()
         return updated
 
     @handles("visit_FunctionDef")
@@ -418,18 +303,17 @@ class TransformerBase(cst.CSTTransformer):
             scope.params.add(param.name.value)
         scope.no_grad = any(is_eval_context(self.rules, self._qual(_callee(d.decorator)))
                             for d in node.decorators)
-        self._scopes.append(scope)
-        self._path.append(node.name.value)
-        self._loops_saved = getattr(self, "_loops_saved", [])
-        self._loops_saved.append(self._loops)
-        self._loops = []
+        self.ctx.scopes.append(scope)
+        self.ctx.path.append(node.name.value)
+        self.ctx.loops_saved.append(self.ctx.loops)
+        self.ctx.loops = []
 
     @handles("leave_FunctionDef")
     def _base_after_function_def(self, original: cst.FunctionDef,
                                  updated: cst.FunctionDef) -> cst.FunctionDef:
-        self._scopes.pop()
-        self._path.pop()
-        self._loops = self._loops_saved.pop()
+        self.ctx.scopes.pop()
+        self.ctx.path.pop()
+        self.ctx.loops = self.ctx.loops_saved.pop()
         return updated
 
     def _holds_optimizer_state(self, node: cst.BaseExpression) -> bool:
@@ -455,7 +339,7 @@ class TransformerBase(cst.CSTTransformer):
             self._scope.samplers.update(names)
         if _is_zero(value):
             self._scope.zero_inits.update(names)
-            for loop in self._loops:
+            for loop in self.ctx.loops:
                 loop.resets.update(names)
         if isinstance(value, cst.List) and not value.elements:
             self._scope.lists.update(names)
@@ -476,9 +360,9 @@ class TransformerBase(cst.CSTTransformer):
                     if isinstance(elem.value, cst.Name) and isinstance(val.value, cst.List) \
                             and not val.value.elements:
                         self._scope.lists.add(elem.value.value)
-        if self._loops and not _is_count_up(value, names):
+        if self.ctx.loops and not _is_count_up(value, names):
             for name in names:
-                self._loops[-1].assigned.add(name)
+                self.ctx.loops[-1].assigned.add(name)
         for target in node.targets:
             self._count_assignment(target.target)
 
@@ -486,7 +370,7 @@ class TransformerBase(cst.CSTTransformer):
         """Defined by the model rewrites (:mod:`.models`)."""
 
     def _in_model_class(self) -> bool:
-        return bool(self._classes) and self._classes[-1]
+        return bool(self.ctx.classes) and self.ctx.classes[-1]
 
 
 class _StateDictReceivers(cst.CSTVisitor):

@@ -134,12 +134,12 @@ class BatchShapeMixin(TransformerBase):
     def _batch_shapes_on_for(self, node: cst.For) -> None:
         for loop in self._open_batch_loops():  # a loop inside rebinds its target
             self._rebind(loop, _target_names(node.target), None)
-        if not self._loops[-1].loaderish:
+        if not self.ctx.loops[-1].loaderish:
             self._note_batch_range(node)
             return
         loader, target = self._unwrap(node.iter, node.target)
         batch_size, why = self._configured_batch_size(loader)
-        loop = _BatchLoop(node, len(self._scopes), batch_size, why)
+        loop = _BatchLoop(node, len(self.ctx.scopes), batch_size, why)
         if isinstance(target, cst.Name):
             loop.roots.add(target.value)
         for name in _target_names(target) if target is not None else ():
@@ -192,7 +192,7 @@ class BatchShapeMixin(TransformerBase):
                 f"process can be smaller: use `range(len({batch}))` (not rewritten: {why})")
 
     def _open_batch_loops(self) -> list[_BatchLoop]:
-        depth = len(self._scopes)
+        depth = len(self.ctx.scopes)
         return [loop for loop in self._batch_loops if loop.scope == depth]
 
     def _unwrap(self, iterated: cst.BaseExpression, target: cst.BaseExpression | None):
@@ -308,7 +308,7 @@ class BatchShapeMixin(TransformerBase):
         """The batch size ``loader`` was built with, when this file shows it; else why not."""
         if isinstance(loader, cst.Call) and self.rules.match("dataloaders",
                                                              self._qual(loader.func)):
-            builds = [_built(loader, tuple(self._path))]
+            builds = [_built(loader, tuple(self.ctx.path))]
         else:
             builds = self._builds_of(loader)
         if not builds:
@@ -320,7 +320,7 @@ class BatchShapeMixin(TransformerBase):
             return None, "its DataLoader batches with its own collate_fn or batch_sampler"
         size = sizes.pop()
         root = size.split(".")[0].split("[")[0]
-        here = tuple(self._path)
+        here = tuple(self.ctx.path)
         if any(not self._same_binding(root, b.scope, here) for b in builds):
             return None, f"`{root}` here may not be the one its DataLoader was built with"
         return size, ""
@@ -334,7 +334,7 @@ class BatchShapeMixin(TransformerBase):
             return []
         if isinstance(loader, cst.Attribute):  # self.train_loader: wherever it is built
             return self._loaders_built.get((None, code), [])
-        return self._loaders_built.get((self._binding(code, tuple(self._path)), code), [])
+        return self._loaders_built.get((self._binding(code, tuple(self.ctx.path)), code), [])
 
     def _binding(self, name: str, scope: tuple[str, ...]) -> tuple[str, ...]:
         """The scope whose ``name`` a statement in ``scope`` reads (a class body's names are
@@ -423,7 +423,7 @@ class BatchShapeMixin(TransformerBase):
         DataLoader → ``torch.ones(images.size(0), 1)``, or a note when not provable."""
         if self._qual(original.func) in _PARAMETERS and original.args:
             self._report_sized_parameter(original, updated)
-        if not self._batch_loops or self._batch_loops[-1].scope != len(self._scopes) \
+        if not self._batch_loops or self._batch_loops[-1].scope != len(self.ctx.scopes) \
                 or self._lambdas:
             return updated
         loop = self._batch_loops[-1]

@@ -47,7 +47,7 @@ class StreamShardMixin(TransformerBase):
     def _fed_by_stream(self) -> bool:
         """Is the backward being rewritten in a loop that slices a sharded stream?"""
         flow: StreamFlow | None = getattr(self, "_stream_flow", None)
-        return flow is not None and id(self._leaving) in flow.fed_backwards
+        return flow is not None and id(self.ctx.leaving) in flow.fed_backwards
 
     def _shard_stream_call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
         """Called for every call left: a batchify call of a training stream gets its data

@@ -29,7 +29,8 @@ import libcst as cst
 
 from distify.analysis.loaders import names_a_loader
 from distify.analysis.names import dotted_name
-from distify.convert.base import TransformerBase, _Loop
+from distify.convert.base import TransformerBase
+from distify.convert.context import _Loop
 from distify.convert.driver import handles
 from distify.convert.loops import _per_sample
 from distify.convert.syntax import _code, _is_rt_call, _is_zero, _strip_parens
@@ -44,16 +45,11 @@ _GROWERS = frozenset({"numpy.append", "numpy.concatenate", "numpy.hstack", "nump
 
 
 class CollectedMixin(TransformerBase):
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        #: per scope (by identity): tally name → the loops around the line that made it
-        self._tallies: dict[int, tuple[object, dict[str, tuple[int, ...]]]] = {}
-
     def _scope_tallies(self) -> dict[str, tuple[int, ...]]:
         scope = self._scope
-        held = self._tallies.get(id(scope))
+        held = self.ctx.tallies.get(id(scope))
         if held is None or held[0] is not scope:
-            held = self._tallies[id(scope)] = (scope, {})
+            held = self.ctx.tallies[id(scope)] = (scope, {})
         return held[1]
 
     # ------------------------------------------------------------ what the script builds
@@ -66,9 +62,9 @@ class CollectedMixin(TransformerBase):
                     and len(target.target.elements) == len(node.value.elements):
                 pairs += [(e.value, v.value) for e, v in zip(target.target.elements,
                                                              node.value.elements)]
-            elif isinstance(target.target, cst.Tuple) and self._loops:
+            elif isinstance(target.target, cst.Tuple) and self.ctx.loops:
                 # `inputs, labels = batch`: the batch's own values, per sample
-                self._loops[-1].unpacked.update(
+                self.ctx.loops[-1].unpacked.update(
                     e.value.value for e in target.target.elements if isinstance(e.value, cst.Name))
         for target, value in pairs:
             if isinstance(target, cst.Name) and _is_empty_list(value):  # `refs = list()`
@@ -76,19 +72,19 @@ class CollectedMixin(TransformerBase):
             if isinstance(target, cst.Name):  # where each list starts empty, as for tallies
                 key = f"list:{target.value}"
                 if _is_empty_list(value) or (isinstance(value, cst.List) and not value.elements):
-                    tallies[key] = tuple(id(loop) for loop in self._loops)
+                    tallies[key] = tuple(id(loop) for loop in self.ctx.loops)
                 else:
                     tallies.pop(key, None)
             if isinstance(target, cst.Name):
                 if self._zero_container(value):
-                    tallies[target.value] = tuple(id(loop) for loop in self._loops)
+                    tallies[target.value] = tuple(id(loop) for loop in self.ctx.loops)
                 else:
                     tallies.pop(target.value, None)
             self._subscript_changed(target, node)
 
     @handles("visit_AugAssign")
     def _collected_on_aug_assign(self, node: cst.AugAssign) -> None:
-        if not self._loops:
+        if not self.ctx.loops:
             return
         name = _subscripted(node.target)
         whole = isinstance(node.target, cst.Name) and node.target.value
@@ -98,7 +94,7 @@ class CollectedMixin(TransformerBase):
         name = name or whole
         if not adds and name not in self._scope_tallies():
             return  # `images[:, 0] *= 255`: not a tally
-        for loop in self._loops:
+        for loop in self.ctx.loops:
             if not adds:
                 loop.tally_odd.setdefault(name, node)
             loop.tallied.setdefault(name, node.value)
@@ -106,7 +102,7 @@ class CollectedMixin(TransformerBase):
     def _subscript_changed(self, target: cst.BaseExpression, node: cst.CSTNode) -> None:
         name = _subscripted(target)
         if name is not None:
-            for loop in self._loops:
+            for loop in self.ctx.loops:
                 loop.tally_odd.setdefault(name, node)
 
     def _zero_container(self, value: cst.BaseExpression) -> bool:
@@ -143,7 +139,7 @@ class CollectedMixin(TransformerBase):
     # ------------------------------------------------------------ loops
     @handles("visit_For")
     def _collected_on_for(self, node: cst.For) -> None:
-        loop = self._loops[-1]
+        loop = self.ctx.loops[-1]
         if self._surely_a_loader(loop) and self._in_eval():
             inner = _InnerAppends()
             node.body.visit(inner)
@@ -167,9 +163,9 @@ class CollectedMixin(TransformerBase):
     def _gather_grown(self, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
         """``all_preds = np.append(all_preds, p)`` in an evaluation loop over a loader, at
         the loop's level → ``np.append(all_preds, rt.gather_for_metrics(p))``."""
-        loops = [loop for loop in self._loops if loop.loaderish]
+        loops = [loop for loop in self.ctx.loops if loop.loaderish]
         value = updated.value
-        if not (loops and loops[-1] is self._loops[-1] and self._in_eval()
+        if not (loops and loops[-1] is self.ctx.loops[-1] and self._in_eval()
                 and len(original.targets) == 1 and isinstance(original.targets[0].target, cst.Name)
                 and isinstance(value, cst.Call) and value.args
                 and self._qual(value.func) in _GROWERS):
@@ -196,7 +192,7 @@ class CollectedMixin(TransformerBase):
             return updated
         gathered = self._rt_call("gather_for_metrics", part)
         new_value = _replace_piece(value, holder, index, gathered)
-        for each in self._loops:
+        for each in self.ctx.loops:
             each.gathered.add(name)
         self._edit(gathered, "gather", f"`{name}` grows by each batch's results gathered from "
                    "every process (samples repeated to pad a shard dropped), so it holds the "
@@ -211,7 +207,7 @@ class CollectedMixin(TransformerBase):
         lines: list[cst.BaseStatement] = []
         if not self._surely_a_loader(loop):
             return lines
-        outside = tuple(id(each) for each in self._loops)
+        outside = tuple(id(each) for each in self.ctx.loops)
         tallies = self._scope_tallies()
         for name, added in loop.tallied.items():
             if name not in tallies and name in loop.assigned | loop.targets | loop.unpacked:
@@ -220,7 +216,7 @@ class CollectedMixin(TransformerBase):
                                       outside)
             if line is not None:
                 lines.append(line)
-        for outer in self._loops:  # summed here: no longer a tally out there
+        for outer in self.ctx.loops:  # summed here: no longer a tally out there
             for name in loop.tallied:
                 outer.tallied.pop(name, None)
         for key, node in loop.tally_odd.items():

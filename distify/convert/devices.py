@@ -505,16 +505,16 @@ class DeviceMixin(TransformerBase):
         """``rt.device_index()``: what replaces a GPU index the script keeps (it prints as
         the script's did at world size 1)."""
         call = self._rt_call("device_index")
-        self._index_calls.add(id(call))
+        self.ctx.index_calls.add(id(call))
         return call
 
     def _update_device_comment(self, line: cst.SimpleStatementLine) -> cst.SimpleStatementLine:
         """``device = 0  # shorthand for cuda:0`` → the comment says what the line holds now."""
         comment = line.trailing_whitespace.comment
-        if comment is None or not self._index_calls or not _NAMES_A_GPU.search(comment.value):
+        if comment is None or not self.ctx.index_calls or not _NAMES_A_GPU.search(comment.value):
             return line
         if not any(isinstance(s, (cst.Assign, cst.AnnAssign)) and s.value is not None
-                   and id(s.value) in self._index_calls for s in line.body):
+                   and id(s.value) in self.ctx.index_calls for s in line.body):
             return line
         text = comment.value.lstrip("#").strip()
         new = cst.Comment(f"# this process's GPU (was: {text})")
@@ -526,14 +526,14 @@ class DeviceMixin(TransformerBase):
             self.rules.match("device_pinning", self._qual(call.func)) is not None
 
     def _edit_removed(self, call: cst.Call) -> None:
-        self._removed.append(dotted_name(call.func) or "device pinning")
+        self.ctx.removed.append(dotted_name(call.func) or "device pinning")
 
     def _attach_removals(self, anchor: cst.CSTNode) -> None:
         """Report removed statements at the statement that now follows them."""
-        for name in self._removed:
+        for name in self.ctx.removed:
             self._edit(anchor, "device", f"removed {name}(...) just above: each process uses "
                        "its own device")
-        self._removed = []
+        self.ctx.removed = []
 
     @handles("leave_IfExp")
     def _devices_after_if_exp(self, original: cst.IfExp, updated: cst.IfExp) -> cst.BaseExpression:

@@ -45,7 +45,7 @@ class FullBatchMixin(TransformerBase):
     def _reported_full_batch(self, node: cst.CSTNode) -> bool:
         """At a backward pass in loops not fed by a DataLoader: if they train full-batch, say
         so (once per loop nest) and return True."""
-        outermost = self._loop_nodes[-len(self._loops)]  # this function's outermost loop
+        outermost = self._loop_nodes[-len(self.ctx.loops)]  # this function's outermost loop
         if id(outermost) in self._full_batch_nests:
             return True
         if not is_full_batch(outermost, self._models_that_train(), self._qual) \

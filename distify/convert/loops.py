@@ -20,7 +20,8 @@ import libcst as cst
 from distify.analysis.codemods import backward_through
 from distify.analysis.loaders import unwrapped
 from distify.analysis.names import dotted_name
-from distify.convert.base import TransformerBase, _Loop
+from distify.convert.base import TransformerBase
+from distify.convert.context import _Loop
 from distify.convert.driver import handles
 from distify.convert.syntax import (
     _calls_method,
@@ -66,8 +67,8 @@ class LoopMixin(TransformerBase):
         if isinstance(node, (cst.Integer, cst.Float)):
             return True, False
         if isinstance(node, cst.Name):
-            value = self._built_from.get((tuple(self._path), node.value)) \
-                or self._built_from.get(((), node.value))
+            value = self.ctx.built_from.get((tuple(self.ctx.path), node.value)) \
+                or self.ctx.built_from.get(((), node.value))
             return self._tensor_only(value, depth + 1) if value is not None else (False, False)
         if isinstance(node, cst.BinaryOperation):
             return _both(self._tensor_only(node.left, depth + 1),
@@ -91,11 +92,6 @@ class LoopMixin(TransformerBase):
             return self._tensor_only(node.func.value, depth + 1)  # `(x * x).sum()`, `z.mean()`
         return False, False
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        #: what each name was last assigned, per enclosing function (attributes: file-wide)
-        self._built_from: dict[tuple[tuple[str, ...], str], cst.BaseExpression] = {}
-
     @handles("visit_Assign")
     def _loops_on_assign(self, node: cst.Assign) -> None:
         value = _strip_parens(node.value)
@@ -103,7 +99,7 @@ class LoopMixin(TransformerBase):
             names = (_names_in(target.target) if isinstance(target.target, cst.Tuple)
                      else {dotted_name(target.target)} - {None})
             for name in names:  # the last assignment seen before the loop wins
-                self._built_from[(tuple(self._path) if "." not in name else (), name)] = value
+                self.ctx.built_from[(tuple(self.ctx.path) if "." not in name else (), name)] = value
 
     def _built_by(self, source: str) -> str | None:
         """``built by `make_loader(...)`` for a loader this file assigns from an expression
@@ -111,8 +107,8 @@ class LoopMixin(TransformerBase):
         None when the file does not assign it (a parameter, a global from elsewhere)."""
         if source in self._scope.params:
             return None
-        builders = self._built_from
-        path = tuple(self._path) if "." not in source else ()
+        builders = self.ctx.built_from
+        path = tuple(self.ctx.path) if "." not in source else ()
         value = builders.get((path, source))
         if value is None and "." not in source:
             value = builders.get(((), source))  # a module-level loader used in a function
@@ -125,7 +121,7 @@ class LoopMixin(TransformerBase):
 
     @handles("visit_For")
     def _loops_on_for(self, node: cst.For) -> None:
-        self._loops.append(_Loop(loaderish=self._loaderish(node.iter),
+        self.ctx.loops.append(_Loop(loaderish=self._loaderish(node.iter),
                                  targets=_names_in(node.target),
                                  loader=self._loader_behind(_loader_name(node.iter)),
                                  index=_enumerate_index(node)))
@@ -138,10 +134,10 @@ class LoopMixin(TransformerBase):
 
     @handles("leave_For")
     def _loops_after_for(self, original: cst.For, updated: cst.For):
-        loop = self._loops[-1]
+        loop = self.ctx.loops[-1]
         if loop.loaderish and loop.has_backward:
             self._report_loader_from_elsewhere(loop, updated.target)
-        self._loops.pop()
+        self.ctx.loops.pop()
         if loop.has_backward and len(loop.step_tests) == 1:
             updated = self._sync_on_step(updated, loop)
         if not (loop.loaderish or loop.next_from_loader):  # `x, y = next(batches)` feeds one
@@ -178,7 +174,7 @@ class LoopMixin(TransformerBase):
                            "shard may repeat a few samples, and the global batch is N× "
                            "larger: close to one process's value, not equal)"))
             reduces.append(line)
-            for outer in self._loops:
+            for outer in self.ctx.loops:
                 outer.meters = [n for n in outer.meters if n not in loop.meters]
         reduces += self._after_loop_metrics(updated, loop, evaluating)  # see .collected
         reduces = self._unless_lines_skipped(reduces, mark, updated.target)
@@ -197,7 +193,7 @@ class LoopMixin(TransformerBase):
         self._scope.counts.update(n for n in loop.accumulators if n not in names)
         if loop.index is not None:
             self._scope.counts.add(loop.index)
-        for outer in self._loops:  # the reduced value is no longer an accumulator out there
+        for outer in self.ctx.loops:  # the reduced value is no longer an accumulator out there
             outer.accumulators = [n for n in outer.accumulators if n not in names]
         self._collective_placed()
         return cst.FlattenSentinel([updated, *reduces])
@@ -208,7 +204,7 @@ class LoopMixin(TransformerBase):
         ``preds.append(rt.gather_for_metrics(out.argmax(1)))``: the list holds every
         process's samples once (repeats of a padded shard dropped), as one process's would."""
         func = original.func
-        loops = [loop for loop in self._loops if loop.loaderish]
+        loops = [loop for loop in self.ctx.loops if loop.loaderish]
         if self._per_batch_scope():  # its caller uses one batch's values per process
             return None
         if not (loops and self._in_eval() and isinstance(func.value, cst.Name)
@@ -216,7 +212,7 @@ class LoopMixin(TransformerBase):
                 and updated.args[0].keyword is None and not updated.args[0].star):
             return None
         loop = loops[-1]
-        if loop is not self._loops[-1] or func.value.value in loop.after:
+        if loop is not self.ctx.loops[-1] or func.value.value in loop.after:
             return None  # item by item in an inner loop: gathered after the loop (.collected)
         value = updated.args[0].value
         if not _per_sample(original.args[0].value, loop.targets | loop.assigned | loop.unpacked) \
@@ -225,7 +221,7 @@ class LoopMixin(TransformerBase):
         name = func.value.value
         if self._skipped("gather-predictions", updated):
             return None
-        for each in self._loops:
+        for each in self.ctx.loops:
             each.gathered.add(name)
         new = updated.with_changes(args=[updated.args[0].with_changes(
             value=self._rt_call("gather_for_metrics", value))])
@@ -337,11 +333,11 @@ class LoopMixin(TransformerBase):
 
     @handles("visit_While")
     def _loops_on_while(self, node: cst.While) -> None:
-        self._loops.append(_Loop(loaderish=False))
+        self.ctx.loops.append(_Loop(loaderish=False))
 
     @handles("leave_While")
     def _loops_after_while(self, original: cst.While, updated: cst.While) -> cst.While:
-        self._loops.pop()
+        self.ctx.loops.pop()
         return updated
 
     def _sync_on_step(self, loop_node: cst.For, loop: _Loop) -> cst.For:
@@ -367,9 +363,9 @@ class LoopMixin(TransformerBase):
 
     @handles("visit_If")
     def _loops_on_if(self, node: cst.If) -> None:
-        if self._loops and _has_modulo(node.test) and _calls_method(node.body, "step"):
-            self._loops[-1].step_tests.append(node.test)
-            self._loops[-1].step_receivers.extend(_stepped(node.body))
+        if self.ctx.loops and _has_modulo(node.test) and _calls_method(node.body, "step"):
+            self.ctx.loops[-1].step_tests.append(node.test)
+            self.ctx.loops[-1].step_receivers.extend(_stepped(node.body))
 
     def _is_exit(self, call: cst.Call) -> bool:
         return self.rules.match("process_exits", self._qual(call.func)) is not None
@@ -377,11 +373,11 @@ class LoopMixin(TransformerBase):
     @handles("visit_AugAssign")
     def _loops_on_aug_assign(self, node: cst.AugAssign) -> None:
         self._count_assignment(node.target)
-        if not self._loops or not isinstance(node.target, cst.Name):
+        if not self.ctx.loops or not isinstance(node.target, cst.Name):
             return
         name = node.target.value
         counter = isinstance(node.value, (cst.Integer, cst.Float))  # `iter_num += 1`
-        for loop in self._loops:
+        for loop in self.ctx.loops:
             if not counter:  # a step counter is equal on every process: not data-dependent
                 loop.assigned.add(name)
             if isinstance(node.operator, cst.AddAssign) and name in self._scope.zero_inits:
@@ -399,19 +395,19 @@ class LoopMixin(TransformerBase):
         return new
 
     def _mark_backward(self, node: cst.CSTNode | None = None) -> None:
-        for loop in self._loops:
+        for loop in self.ctx.loops:
             loop.has_backward = True
-        if node is not None and self._loops and not any(
-                loop.loaderish or loop.next_from_loader for loop in self._loops):
+        if node is not None and self.ctx.loops and not any(
+                loop.loaderish or loop.next_from_loader for loop in self.ctx.loops):
             self._report_unsharded(node)
 
     def _report_unsharded(self, node: cst.CSTNode) -> None:
-        if self._unsharded_loop_reported or self._fed_by_draws() or self._fed_by_stream():
+        if self.ctx.unsharded_loop_reported or self._fed_by_draws() or self._fed_by_stream():
             return
         if self._reported_full_batch(node):  # see .full_batch
             return
-        self._unsharded_loop_reported = True
-        source = self._loops[-1].loader  # the innermost loop's `for ... in train_dl`
+        self.ctx.unsharded_loop_reported = True
+        source = self.ctx.loops[-1].loader  # the innermost loop's `for ... in train_dl`
         if source is not None and (source in self._scope.params or (
                 "." not in source and source not in self.facts.bound)):
             self._edit(node, LOADER_ELSEWHERE, f"this training loop iterates `{source}`, which "
@@ -429,9 +425,9 @@ class LoopMixin(TransformerBase):
         """A training loop over ``train_loader`` in a file that builds no DataLoader: it is
         prepared only if the file that builds it is converted too."""
         source = loop.loader
-        if self._unsharded_loop_reported or self.facts.builds_loaders or source is None:
+        if self.ctx.unsharded_loop_reported or self.facts.builds_loaders or source is None:
             return
-        self._unsharded_loop_reported = True
+        self.ctx.unsharded_loop_reported = True
         built = self._built_by(source)
         where = (f"is {built}, which distify cannot see into" if built is not None
                  else "is not built in this file")

@@ -44,7 +44,7 @@ class MeterMixin(TransformerBase):
         flow = self.facts.evaluation
         if node.name.value in flow.evaluating:
             self._scope.saw_eval = True  # its callers evaluate: see the module docstring
-        for outer in self._path[:-1]:  # meters of an enclosing function, updated in here
+        for outer in self.ctx.path[:-1]:  # meters of an enclosing function, updated in here
             self._scope.meters.update(flow.meters.get(outer, set()) - self._scope.params)
 
     @handles("visit_Assign")
@@ -62,11 +62,11 @@ class MeterMixin(TransformerBase):
         """Is this code in a function called once per batch, whose result is used per
         process (see the module docstring)?"""
         helpers = self.facts.evaluation.per_batch
-        return any(name in helpers for name in self._path)
+        return any(name in helpers for name in self.ctx.path)
 
     def _note_meter_display(self, original: cst.Call, result: cst.BaseExpression) -> None:
         """A meter shown inside a loop over a loader: its value there is this process's."""
-        loops = [loop for loop in self._loops if loop.loaderish]
+        loops = [loop for loop in self.ctx.loops if loop.loaderish]
         if "reduce-metrics" in self.skip or not loops or not loops[-1].meters \
                 or any(loop is loops[-1] for loop in self._meter_noted):
             return  # (no meters updated in this loop: none are added up after it)

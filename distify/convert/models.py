@@ -89,10 +89,10 @@ class ModelMixin(TransformerBase):
         name = _dotted_target(target)
         if name is None:
             return
-        key = (tuple(self._path), name)
-        self._first_assigned.setdefault(key, self._if_serial)
-        index = self._assignments.get(key, 0)
-        self._assignments[key] = index + 1
+        key = (tuple(self.ctx.path), name)
+        self.ctx.first_assigned.setdefault(key, self.ctx.if_serial)
+        index = self.ctx.assignments.get(key, 0)
+        self.ctx.assignments[key] = index + 1
         if self.ctx.built:
             self.ctx.built[-1].append((name, index))
 
@@ -104,7 +104,7 @@ class ModelMixin(TransformerBase):
     # ---------------------------------------------------------------- optimizers
     def _optimizer_models(self, target: str) -> list[str]:
         """The models the analysis found for the optimizer assigned to ``target`` here."""
-        return list(self.facts.training.optimizer_models.get(tuple(self._path), {})
+        return list(self.facts.training.optimizer_models.get(tuple(self.ctx.path), {})
                     .get(target, ()))
 
     def _statement_target(self) -> str:
@@ -141,9 +141,10 @@ class ModelMixin(TransformerBase):
     # on an `if` chain's bodies, which nothing else here uses.
 
     def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
-        if attribute == "body" and type(node) is cst.If and id(node) not in self._elifs:
-            self._if_serial += 1
-            self._if_frames.append(_IfFrame(set(self._scope.prepared_models), self._if_serial))
+        if attribute == "body" and type(node) is cst.If and id(node) not in self.ctx.elifs:
+            self.ctx.if_serial += 1
+            self.ctx.if_frames.append(_IfFrame(set(self._scope.prepared_models),
+                                               self.ctx.if_serial))
 
     def on_leave_attribute(self, original_node: cst.CSTNode, attribute: str) -> None:
         if attribute != "body":
@@ -152,12 +153,12 @@ class ModelMixin(TransformerBase):
         if kind is cst.If:
             orelse = original_node.orelse
             if isinstance(orelse, cst.If):
-                self._elifs.add(id(orelse))
+                self.ctx.elifs.add(id(orelse))
             elif isinstance(orelse, cst.Else):
-                self._if_elses.add(id(orelse))
-        elif kind is not cst.Else or id(original_node) not in self._if_elses:
+                self.ctx.if_elses.add(id(orelse))
+        elif kind is not cst.Else or id(original_node) not in self.ctx.if_elses:
             return
-        frame = self._if_frames[-1]
+        frame = self.ctx.if_frames[-1]
         frame.branches.append((set(self._scope.prepared_models), _ends(original_node.body)))
         self._scope.prepared_models.clear()
         self._scope.prepared_models.update(frame.before)
@@ -169,12 +170,12 @@ class ModelMixin(TransformerBase):
         lines after the chain; or, where only the chain's missing ``else`` lacks them
         (``if args.use_optimizer: ... prepare(model, optimizer)``), as that ``else``, so that no
         path prepares the model twice."""
-        if id(original) in self._elifs or not self._if_frames:
+        if id(original) in self.ctx.elifs or not self.ctx.if_frames:
             return updated, []
         if "prepare-model" in self.skip:  # nothing was prepared in the branches
-            self._if_frames.pop()
+            self.ctx.if_frames.pop()
             return updated, []
-        frame = self._if_frames.pop()
+        frame = self.ctx.if_frames.pop()
         branches = frame.branches if frame.has_else else [*frame.branches, (frame.before, False)]
         falling = [prepared for prepared, ends in branches if not ends]
         everywhere = set().union(*(prepared for prepared, _ in branches))
@@ -211,8 +212,8 @@ class ModelMixin(TransformerBase):
         """Was ``name`` bound before the ``if`` numbered ``serial`` began?"""
         if name.startswith("self.") or name in self._scope.params:
             return True
-        for key in ((tuple(self._path), name), ((), name)):
-            if self._first_assigned.get(key, serial) < serial:
+        for key in ((tuple(self.ctx.path), name), ((), name)):
+            if self.ctx.first_assigned.get(key, serial) < serial:
                 return True
         return False
 
@@ -222,7 +223,7 @@ class ModelMixin(TransformerBase):
         """``model = Net()`` → ``model = rt.prepare(Net())`` when this is where a model that only
         a backward pass reaches is built (its last assignment in the scope)."""
         sites = self.facts.training.build_sites
-        path = tuple(self._path)
+        path = tuple(self.ctx.path)
         for name, index in built:
             if BuildSite(path, name, index) not in sites or name in self._scope.prepared_models:
                 continue
@@ -255,9 +256,9 @@ class ModelMixin(TransformerBase):
     # ---------------------------------------------------------------- backward passes
     def _note_backward(self, node: cst.CSTNode) -> None:
         """Report a backward pass whose model the analysis could not find."""
-        path = tuple(self._path)
-        ordinal = self._backwards.get(path, 0)
-        self._backwards[path] = ordinal + 1
+        path = tuple(self.ctx.path)
+        ordinal = self.ctx.backwards.get(path, 0)
+        self.ctx.backwards[path] = ordinal + 1
         training = self.facts.training
         method = training.method_losses.get(path, {}).get(ordinal)
         if method is not None:

@@ -144,7 +144,7 @@ class PrepareMixin(TransformerBase):
         qual = self._qual(_callee(value)) if isinstance(value, cst.Call) else None
         if qual is not None and self.rules.match("samplers", qual):
             return
-        if isinstance(value, cst.Name) and any(value.value in s.samplers for s in self._scopes):
+        if isinstance(value, cst.Name) and any(value.value in s.samplers for s in self.ctx.scopes):
             return  # a stock sampler built a few lines above
         self._edit(anchor, "sampler", f"custom {arg.keyword.value}: distify shards the indices it "
                    "yields each epoch; make sure it does not shard by rank itself", human=True)

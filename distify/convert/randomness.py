@@ -77,7 +77,7 @@ class RandomnessMixin(TransformerBase):
     def _fed_by_draws(self) -> bool:
         """Is the backward being rewritten in a loop whose batches a batch function draws?"""
         flow: DrawFlow | None = getattr(self, "_draw_flow", None)
-        return flow is not None and id(self._leaving) in flow.fed_backwards
+        return flow is not None and id(self.ctx.leaving) in flow.fed_backwards
 
     def _rewrite_random_draw(self, original: cst.Call, updated: cst.Call,
                              qual: str) -> cst.BaseExpression | None:
@@ -90,7 +90,7 @@ class RandomnessMixin(TransformerBase):
         if task is not None:
             return task
         entry = self.rules.match("random_splits", qual)
-        if entry is None or self._main_only_depth or any(a.star for a in original.args):
+        if entry is None or self.ctx.main_only_depth or any(a.star for a in original.args):
             return None
         keywords = {a.keyword.value for a in original.args if a.keyword}
         positional = sum(1 for a in original.args if a.keyword is None)
@@ -104,7 +104,7 @@ class RandomnessMixin(TransformerBase):
             self._edit(new, "shared-random", f"{name} draws from the main process's generator: "
                        "every process makes the same split (exactly the original one there)")
             return new
-        if not (self.facts.seeds or self._loops or self._classes):
+        if not (self.facts.seeds or self.ctx.loops or self.ctx.classes):
             self._edit(updated, "random-split", f"{name}(...) is unseeded: each process draws "
                        "its own, so they may split or order the data differently; "
                        f"{how_to_seed(entry)}", human=True)
@@ -114,7 +114,7 @@ class RandomnessMixin(TransformerBase):
                           qual: str) -> cst.BaseExpression | None:
         key = id(original)
         if key in flow.eval_means:
-            if self._main_only_depth:
+            if self.ctx.main_only_depth:
                 return None  # a collective on one process would wait forever
             what = _code(original)
             new = cst.Call(func=self._rt_attr("reduce"), args=[
@@ -158,8 +158,9 @@ class RandomnessMixin(TransformerBase):
                          qual: str) -> cst.BaseExpression | None:
         """A draw in the set-up code of a file that seeds nothing (``W_target =
         torch.randn(4, 1) * 5``) defines what is learnt: every process must draw the same."""
-        if self.facts.seeds or not self.facts.training.backward_scopes or self._loops \
-                or self._classes or self._main_only_depth or any(a.star for a in original.args):
+        if self.facts.seeds or not self.facts.training.backward_scopes or self.ctx.loops \
+                or self.ctx.classes or self.ctx.main_only_depth \
+                or any(a.star for a in original.args):
             return None  # a file that trains nothing has no task to agree on
         keywords = {a.keyword.value for a in original.args if a.keyword}
         name = _code(original.func)
@@ -189,7 +190,7 @@ class RandomnessMixin(TransformerBase):
             return True
         # A permutation of the data set's indices, built once: not a per-batch shuffle, and on
         # the CPU (a CUDA randperm needs a CUDA generator).
-        return (not self._loops and not self._classes and "device" not in keywords
+        return (not self.ctx.loops and not self.ctx.classes and "device" not in keywords
                 and must_agree(name, bool(call.args)
                                and counts_the_data(_code(call.args[0].value))))
 

@@ -178,7 +178,7 @@ class SideEffectMixin(TransformerBase):
             self._nested_units.add(id(unit))
         if unit is not None and _runs_alone(unit) and id(unit) not in self._nested_units \
                 and "downloads" not in self.skip:
-            self._main_only_depth += 1
+            self.ctx.main_only_depth += 1
             self._in_download += 1
         return type(self).on_visit(self, node)
 
@@ -193,7 +193,7 @@ class SideEffectMixin(TransformerBase):
             if self._unit_starts.get(id(original)) is unit and nodes:
                 self._skipped("downloads", nodes[0])
         elif _runs_alone(unit):
-            self._main_only_depth -= 1
+            self.ctx.main_only_depth -= 1
             self._in_download -= 1
             for new in nodes:
                 self._unit_outputs[id(new)] = (new, unit)
@@ -229,7 +229,7 @@ class SideEffectMixin(TransformerBase):
             new = self._runtime_open(original, updated)
             if new is not None:
                 return new
-        if self.ctx.downloads and not self._main_only_depth and self._downloads_here(
+        if self.ctx.downloads and not self.ctx.main_only_depth and self._downloads_here(
                 original, qual) and not self._calls_downloading_function(original) \
                 and not self._skipped("downloads", updated):
             self.ctx.downloads[-1] = True
@@ -253,7 +253,7 @@ class SideEffectMixin(TransformerBase):
         if rules.match("timestamps", qual) and qual.endswith("strftime"):
             return None if self._skipped("timestamps", updated) else self._agree(updated)
         kind = self._side_effect(original)
-        if kind is not None and not self._main_only_depth and not self._statement_call:
+        if kind is not None and not self.ctx.main_only_depth and not self._statement_call:
             if kind == "tracker" and not self._skipped("guard-side-effects", updated):
                 new = updated.with_changes(func=self._rt_call("on_main_process", updated.func))
                 self._edit(new, "guard", f"{qual}(...) runs on the main process only (other "
@@ -262,7 +262,7 @@ class SideEffectMixin(TransformerBase):
             if kind != "tracker":
                 self._edit(updated, "side-effect", f"{qual}(...) writes on every process: "
                            f"guard it with `if {self.rt}.is_main_process():`", human=True)
-        elif kind is None and not self._main_only_depth:
+        elif kind is None and not self.ctx.main_only_depth:
             self._report_unknown_logger(updated, qual)
         if rules.match("saves", qual) and self._into_memory(original):
             return None  # `torch.save(obj, buffer)`: every process keeps its own bytes
@@ -336,14 +336,14 @@ class SideEffectMixin(TransformerBase):
         entry = side_effect(self.rules, callee, shape)
         if entry is None:
             return None
-        if entry.get("errors_stay") and (not self._loops or id(call) in self._handler_calls
+        if entry.get("errors_stay") and (not self.ctx.loops or id(call) in self._handler_calls
                                          or not _progress_line(call)):
             return None  # an error or a per-process line (not a progress line): every process
             # shows it
         handle_arg = entry.get("handle_arg")
         if handle_arg is not None:  # a dump into a file the runtime opened: once, by design
             handle = shape.argument(handle_arg, HANDLE_KEYWORDS)
-            if handle is not None and (handle.dotted in self._runtime_handles
+            if handle is not None and (handle.dotted in self.ctx.runtime_handles
                                        or handle.call in _OPENS):
                 return None
         return entry.get("kind")
@@ -449,7 +449,7 @@ class SideEffectMixin(TransformerBase):
 
     def _guard_side_effect(self, original: cst.SimpleStatementLine,
                            updated: cst.SimpleStatementLine) -> cst.If | None:
-        if self._main_only_depth or len(original.body) != 1:
+        if self.ctx.main_only_depth or len(original.body) != 1:
             return None
         small = original.body[0]
         if not self._is_side_effect_stmt(small) or self._skipped("guard-side-effects", updated):
@@ -465,14 +465,14 @@ class SideEffectMixin(TransformerBase):
         """``if rt.is_main_process():`` around ``stmt`` (which keeps its comments above)."""
         guard = guarded([stmt], self._rt_call("is_main_process"))
         self._edit(guard.body.body[0], "guard", message)
-        self._guards.add(guard)
+        self.ctx.guards.add(guard)
         return guard
 
     def _merge_guards(self, body: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
         """Adjacent statements guarded by the rewrite share one ``if rt.is_main_process():``
         (not across a comment or a blank line, which stay where the script has them)."""
-        return merge_guards(body, lambda stmt: stmt in self._guards or None,
-                            across_comments=False, merged=self._guards.add)
+        return merge_guards(body, lambda stmt: stmt in self.ctx.guards or None,
+                            across_comments=False, merged=self.ctx.guards.add)
 
     @handles("visit_With")
     def _side_effects_on_with(self, node: cst.With) -> None:
@@ -480,23 +480,23 @@ class SideEffectMixin(TransformerBase):
             if isinstance(item.item, cst.Call) and self._is_open(item.item.func) \
                     and isinstance(item.asname, cst.AsName) \
                     and isinstance(item.asname.name, cst.Name):
-                self._runtime_handles.add(item.asname.name.value)
+                self.ctx.runtime_handles.add(item.asname.name.value)
         if any(is_eval_context(self.rules, self._qual(_callee(item.item))) for item in node.items):
-            self._no_grad_depth += 1
+            self.ctx.no_grad_depth += 1
         if self._writes_file(node):
-            self._main_only_depth += 1
+            self.ctx.main_only_depth += 1
 
     @handles("leave_With")
     def _side_effects_after_with(self, original: cst.With, updated: cst.With):
         if any(is_eval_context(self.rules, self._qual(_callee(item.item)))
                for item in original.items):
-            self._no_grad_depth -= 1
+            self.ctx.no_grad_depth -= 1
         by_path = self._checkpoint_by_path(updated)
         if self._writes_file(original):
-            self._main_only_depth -= 1
+            self.ctx.main_only_depth -= 1
             if by_path is not None:
                 return by_path
-            if not self._main_only_depth and not self._skipped("file-writes", updated):
+            if not self.ctx.main_only_depth and not self._skipped("file-writes", updated):
                 return self._main_only(updated, "file written by the main process only")
         return by_path if by_path is not None else updated
 
@@ -585,7 +585,7 @@ class SideEffectMixin(TransformerBase):
         out: list[cst.BaseStatement] = []
         run: list[cst.BaseStatement] = []
         for stmt in [*body, None]:
-            if stmt is not None and stmt in self._download_stmts:
+            if stmt is not None and stmt in self.ctx.download_stmts:
                 run.append(stmt)
                 continue
             if run:
@@ -675,7 +675,8 @@ class SideEffectMixin(TransformerBase):
             new = self._hanging(call.with_changes(func=func))
         else:
             new = _shift_continuations(call, delta, self._opening_column(original),
-                                       self._depth * len(self._indent_unit)).with_changes(func=func)
+                                       self.ctx.depth * len(self.ctx.indent_unit))
+            new = new.with_changes(func=func)
         self._edit(new, kind, message)
         return new
 
@@ -688,7 +689,7 @@ class SideEffectMixin(TransformerBase):
         first = statement.body[0]
         if not (isinstance(first, cst.Expr) and first.value is original):
             return None
-        return self._depth * len(self._indent_unit) + len(_code(original.func)) + 1
+        return self.ctx.depth * len(self.ctx.indent_unit) + len(_code(original.func)) + 1
 
     def _file_argument_to_path(self, call: cst.Call, name: str) -> cst.Call:
         """``rt.save(obj, open(p, "wb"))`` → ``rt.save(obj, p)`` (and ``rt.load(open(p))``):

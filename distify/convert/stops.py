@@ -143,13 +143,13 @@ class StopMixin(TransformerBase):
         return self._file_functions.collective(call)
 
     def _collective_placed(self, call: cst.CSTNode | None = None) -> None:
-        if not self._loops or self._branch_depth <= self._nest_branch_base:
+        if not self.ctx.loops or self._branch_depth <= self._nest_branch_base:
             return
         if call is None or (isinstance(call, cst.Call) and (
                 self._collective(call) or any(isinstance(arg.value, cst.Call)
                                               and self._collective(arg.value)
                                               for arg in call.args))):
-            self._gated_nests.add(id(self._loops[0]))
+            self._gated_nests.add(id(self.ctx.loops[0]))
 
     def _branch_left(self) -> None:
         self._branch_depth -= 1
@@ -174,7 +174,7 @@ class StopMixin(TransformerBase):
 
     @handles("visit_For")
     def _stops_on_for(self, node: cst.For) -> None:
-        if len(self._loops) == 1:
+        if len(self.ctx.loops) == 1:
             self._nest_branch_base = self._branch_depth
             self._calls_exiting(node)
 
@@ -186,25 +186,25 @@ class StopMixin(TransformerBase):
         for call in statement_calls(loop.body):
             name = local_callee(call.func)
             if name is not None and self._exits.exiting(name, self._is_exit):
-                self._nests_with_exits.add(id(self._loops[0]))
+                self._nests_with_exits.add(id(self.ctx.loops[0]))
                 return
 
     @handles("visit_If")
     def _stops_on_if(self, node: cst.If) -> None:
         self._branch_depth += 1
-        if self._loops and (any(
+        if self.ctx.loops and (any(
                 _leaves_loop(body, self._ends) or _continues(body)
                 for body in (node.body, node.orelse.body if isinstance(node.orelse, cst.Else)
                              else None) if body is not None) or optimizer_work(node) is not None):
-            self._nests_with_exits.add(id(self._loops[0]))
+            self._nests_with_exits.add(id(self.ctx.loops[0]))
 
     @handles("visit_While")
     def _stops_on_while(self, node: cst.While) -> None:
-        if len(self._loops) == 1:
+        if len(self.ctx.loops) == 1:
             self._nest_branch_base = self._branch_depth
             self._calls_exiting(node)
         if not (isinstance(node.test, cst.Name) and node.test.value == "True"):
-            self._nests_with_exits.add(id(self._loops[0]))
+            self._nests_with_exits.add(id(self.ctx.loops[0]))
 
     @handles("leave_For")
     def _stops_after_for(self, original: cst.For, updated: cst.For):
@@ -216,10 +216,10 @@ class StopMixin(TransformerBase):
 
     def _decide_stops(self, loop: cst.For | cst.While) -> cst.For | cst.While:
         """At the outermost loop of a function: rewrite or report the exits of the nest."""
-        if len(self._loops) != 1 or (id(self._loops[0]) not in self._nests_with_exits
-                                     and id(self._loops[0]) not in self._gated_nests):
+        if len(self.ctx.loops) != 1 or (id(self.ctx.loops[0]) not in self._nests_with_exits
+                                     and id(self.ctx.loops[0]) not in self._gated_nests):
             return loop
-        self._nests_with_exits.discard(id(self._loops[0]))
+        self._nests_with_exits.discard(id(self.ctx.loops[0]))
         replacements: dict[int, Callable[[cst.CSTNode], cst.CSTNode]] = {}
         for stop in find_stops(loop, self._nest_context()):
             if stop.calls:  # in a function the nest calls: decided with all its calls known
@@ -334,7 +334,7 @@ class StopMixin(TransformerBase):
                            is_exit=self._is_exit,
                            is_imported=self.facts.imports.aliases.__contains__,
                            training_functions=self._training_functions, agrees=self._agrees,
-                           main_only=self._main_only_depth > 0, depth=self._depth,
+                           main_only=self.ctx.main_only_depth > 0, depth=self.ctx.depth,
                            collective=self._collective,
                            exiting=lambda name: self._exits.exiting(name, self._is_exit),
                            ends=self._ends)
@@ -432,14 +432,14 @@ class StopMixin(TransformerBase):
         if "\n" in _code(stop.test) or "\n" in code:
             return False
         keyword = "if " if isinstance(stop.node, cst.If) else "while "
-        width = len(self._indent_unit) * stop.depth + len(keyword) + len(code) + 1
+        width = len(self.ctx.indent_unit) * stop.depth + len(keyword) + len(code) + 1
         return width > max(self.facts.longest_line, 79)
 
     def _hanging_test(self, call: cst.Call) -> cst.Call:
         """The call's arguments on the next line, two indents deeper than the ``if`` (so they
         stand apart from its body)."""
         return call.with_changes(whitespace_before_args=cst.ParenthesizedWhitespace(
-            indent=True, last_line=cst.SimpleWhitespace(self._indent_unit * 2)))
+            indent=True, last_line=cst.SimpleWhitespace(self.ctx.indent_unit * 2)))
 
     def _unsafe_message(self, stop: Stop) -> str:
         test = _one_line(stop.test)

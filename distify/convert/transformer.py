@@ -87,10 +87,10 @@ class DistifyTransformer(AccumulationMixin, BatchShapeMixin, CollectedMixin, Mod
             return cst.RemovalSentinel.REMOVE
         updated = self._update_device_comment(updated)
         self._note_on_line(original, updated)  # see .accumulation
-        if self._removed:
+        if self.ctx.removed:
             self._attach_removals(updated)
         if downloads:
-            self._download_stmts.add(updated)
+            self.ctx.download_stmts.add(updated)
             self._touch()
         if len(original.body) > 1 and any(self._is_side_effect_stmt(s) for s in original.body) \
                 and not self._skipped("guard-side-effects", updated):
@@ -118,7 +118,7 @@ class DistifyTransformer(AccumulationMixin, BatchShapeMixin, CollectedMixin, Mod
             line = cst.SimpleStatementLine(
                 body=[new.with_changes(semicolon=cst.MaybeSentinel.DEFAULT)],
                 leading_lines=updated.leading_lines if index == 0 else ())
-            if self._is_side_effect_stmt(old) and not self._main_only_depth:
+            if self._is_side_effect_stmt(old) and not self.ctx.main_only_depth:
                 line = self._main_only(line, f"{dotted_name(old.value.func)}(...) runs on the "
                                              "main process only")
             lines.append(line)
@@ -142,7 +142,7 @@ class DistifyTransformer(AccumulationMixin, BatchShapeMixin, CollectedMixin, Mod
             statements = list(result.nodes)
         elif isinstance(result, cst.RemovalSentinel):
             placeholder = cst.SimpleStatementLine([cst.Pass()])
-            self._emptied.add(placeholder)
+            self.ctx.emptied.add(placeholder)
             statements = [placeholder]
         else:
             statements = [result]
@@ -151,17 +151,17 @@ class DistifyTransformer(AccumulationMixin, BatchShapeMixin, CollectedMixin, Mod
     @property
     def _statement_call(self) -> bool:
         """Is the call being left the whole of an expression statement (guarded there)?"""
-        return self._expr_depth > 0 and self._expr_call is self._leaving
+        return self.ctx.expr_depth > 0 and self.ctx.expr_call is self.ctx.leaving
 
     @handles("visit_Expr")
     def _driver_on_expr(self, node: cst.Expr) -> None:
-        self._expr_depth += 1
-        self._expr_call = node.value
+        self.ctx.expr_depth += 1
+        self.ctx.expr_call = node.value
 
     @handles("leave_Expr")
     def _driver_after_expr(self, original: cst.Expr, updated: cst.Expr):
-        self._expr_depth -= 1
-        self._expr_call = None
+        self.ctx.expr_depth -= 1
+        self.ctx.expr_call = None
         if self._is_pinning(original.value) and not self._skipped("device", updated):
             self._edit_removed(original.value)
             return cst.RemovalSentinel.REMOVE
@@ -170,18 +170,18 @@ class DistifyTransformer(AccumulationMixin, BatchShapeMixin, CollectedMixin, Mod
     @handles("leave_IndentedBlock")
     def _driver_after_indented_block(self, original: cst.IndentedBlock,
                                      updated: cst.IndentedBlock) -> cst.IndentedBlock:
-        self._depth -= 1
+        self.ctx.depth -= 1
         if not updated.body:
             placeholder = cst.SimpleStatementLine([cst.Pass()])
-            self._emptied.add(placeholder)
+            self.ctx.emptied.add(placeholder)
             return updated.with_changes(body=[placeholder])
         return updated.with_changes(body=self._tidy_block(updated.body))
 
     def _tidy_block(self, body):
         """Group dataset downloads under one ``main_process_first`` and merge adjacent guards."""
-        if self._download_stmts or self._unit_outputs:
+        if self.ctx.download_stmts or self._unit_outputs:
             body = self._group_downloads(body)
-        if self._guards:
+        if self.ctx.guards:
             body = self._merge_guards(body)
         return body
 
@@ -190,12 +190,12 @@ class DistifyTransformer(AccumulationMixin, BatchShapeMixin, CollectedMixin, Mod
         """An ``if`` whose whole body was device pinning goes away with it."""
         updated = self._reduce_where_read(original, updated)  # see .accumulation
         self._branch_left()
-        for loop in self._loops:  # re-anchor a recorded step test on the output node
+        for loop in self.ctx.loops:  # re-anchor a recorded step test on the output node
             loop.step_tests = [updated.test if test is original.test else test
                                for test in loop.step_tests]
         updated, after = self._models_after_branches(original, updated)
         body = updated.body.body
-        if (updated.orelse is None and len(body) == 1 and body[0] in self._emptied):
+        if (updated.orelse is None and len(body) == 1 and body[0] in self.ctx.emptied):
             return cst.FlattenSentinel(after) if after else cst.RemovalSentinel.REMOVE
         return cst.FlattenSentinel([updated, *after]) if after else updated
 
@@ -203,21 +203,21 @@ class DistifyTransformer(AccumulationMixin, BatchShapeMixin, CollectedMixin, Mod
     @handles("visit_Call")
     def _driver_on_call(self, node: cst.Call) -> None:
         func = node.func
-        if self._loops and self._draws_from_a_loader(node):
-            for loop in self._loops:
+        if self.ctx.loops and self._draws_from_a_loader(node):
+            for loop in self.ctx.loops:
                 loop.next_from_loader = True
         if isinstance(func, cst.Attribute) and switches_to_eval(
                 func.attr.value, [False if _is_literal_false(a.value) else a for a in node.args]):
             self._scope.saw_eval = True
         if (isinstance(func, cst.Attribute) and func.attr.value in ("append", "extend")
-                and isinstance(func.value, cst.Name) and self._loops
+                and isinstance(func.value, cst.Name) and self.ctx.loops
                 and func.value.value in self._scope.lists
-                and func.value.value not in self._loops[-1].appended):
-            self._loops[-1].appended.append(func.value.value)
-        if (isinstance(func, cst.Attribute) and func.attr.value == "update" and self._loops
+                and func.value.value not in self.ctx.loops[-1].appended):
+            self.ctx.loops[-1].appended.append(func.value.value)
+        if (isinstance(func, cst.Attribute) and func.attr.value == "update" and self.ctx.loops
                 and isinstance(func.value, cst.Name) and func.value.value in self._scope.meters
-                and func.value.value not in self._loops[-1].meters):
-            self._loops[-1].meters.append(func.value.value)
+                and func.value.value not in self.ctx.loops[-1].meters):
+            self.ctx.loops[-1].meters.append(func.value.value)
 
     @handles("leave_Call")
     def _driver_after_call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
@@ -231,7 +231,7 @@ class DistifyTransformer(AccumulationMixin, BatchShapeMixin, CollectedMixin, Mod
         return result
 
     def _leave_call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
-        self._leaving = original
+        self.ctx.leaving = original
         qual = self._qual(original.func)
         if qual is not None:
             for rewrite in (self._rewrite_side_effect_call, self._rewrite_prepare,
@@ -268,7 +268,7 @@ class DistifyTransformer(AccumulationMixin, BatchShapeMixin, CollectedMixin, Mod
     # ---------------------------------------------------------------- module
     @handles("leave_Module")
     def _driver_after_module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
-        if self._removed and updated.body:
+        if self.ctx.removed and updated.body:
             self._attach_removals(updated.body[-1])
         return updated.with_changes(body=self._tidy_block(updated.body))
 
