@@ -231,7 +231,7 @@ class AccumulationMixin(TransformerBase):
         return line
 
     def _reduce_where_read(self, original: cst.If, updated: cst.If) -> cst.If:
-        """Called by the transformer's ``leave_If``: the sums read only in this ``if`` are
+        """Called by the driver's ``leave_If`` handler: the sums read only in this ``if`` are
         averaged at its top."""
         names = self._reduce_at.get(id(original))
         if not names or not isinstance(updated.body, cst.IndentedBlock):
@@ -302,7 +302,7 @@ class AccumulationMixin(TransformerBase):
 
     def _note_on_line(self, original: cst.SimpleStatementLine,
                       updated: cst.SimpleStatementLine) -> None:
-        """Called by the transformer's ``leave_SimpleStatementLine``: the notes about parts of
+        """Called by the driver's ``leave_SimpleStatementLine`` handler: the notes about parts of
         this line go on the line itself (a rewrite of the line may rebuild its parts)."""
         for message in self._line_notes:
             self._edit(updated, "accumulation", message)

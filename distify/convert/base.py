@@ -1,4 +1,6 @@
-"""The state every rewrite shares: scopes, loops, the runtime's name, and the edits made."""
+"""What every rewrite family builds on: the inputs (facts, rules, the runtime's name), the edits
+made, the helpers that read the shared bookkeeping (``self.ctx``, :mod:`.context`), the scope
+handlers the driver runs first, and the traversal's cached dispatch (:meth:`on_visit`)."""
 
 from __future__ import annotations
 
@@ -68,7 +70,8 @@ def _own_hook(cls: type, name: str) -> Callable | None:
 
 
 class TransformerBase(cst.CSTTransformer):
-    """Bookkeeping shared by the rewrite mixins; ``rt`` is the runtime's local name."""
+    """The inputs, results and helpers shared by the rewrite families; ``rt`` is the runtime's
+    local name. A subclass with a ``HANDLERS`` table is a driver: its hooks are made from it."""
 
     # LibCST looks up ``visit_<Node>`` / ``leave_<Node>`` by name for every node, and
     # ``visit_<Node>_<field>`` hooks for every field (which we never define). Caching the

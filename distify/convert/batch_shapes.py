@@ -168,8 +168,9 @@ class BatchShapeMixin(TransformerBase):
     def _note_batch_range(self, node: cst.For) -> None:
         """``for i in range(batch_size): labels[i]`` inside a loop over a DataLoader: the
         range is the batch's own length where that is provably the same value (noted for
-        :meth:`leave_For`), else reported. A range whose index never indexes a batch tensor
-        (``for i in range(4): show(images[0])``) is left alone: nothing ties it to the batch."""
+        :meth:`_batch_shapes_after_for`), else reported. A range whose index never indexes a
+        batch tensor (``for i in range(4): show(images[0])``) is left alone: nothing ties it to
+        the batch."""
         loops = self._open_batch_loops()
         it = node.iter
         if not loops or self._lambdas or not isinstance(node.target, cst.Name) \

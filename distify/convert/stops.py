@@ -17,7 +17,7 @@ same number of times, the test is decided on all of them at once:
   (``while rt.all_processes(...):`` for a ``while`` test);
 - a test in a local function the training loop calls (``sanity_check(batch)``, whose ``if``
   calls ``sys.exit``) → decided the same way in that function, once the whole file is seen
-  (:meth:`StopMixin.leave_Module`), where every call of the function in the file is one the
+  (:meth:`StopMixin._stops_after_module`), where every call of the function in the file is one the
   analysis placed in a training loop; else reported at the test (and a ``print`` right before
   the ``sys.exit`` then stays a plain ``print``, so a process that leaves alone says why). A
   function defined below the loop is followed in its def as written, and its test is moved to
@@ -84,12 +84,12 @@ class StopMixin(TransformerBase):
         self._training_functions = frozenset(
             path[-1] for path in self.facts.training.backward_scopes if path)
         #: tests in local functions that the nests call (``sanity_check(x)``'s ``if ...:
-        #: sys.exit(0)``), decided in :meth:`leave_Module` once every call is known:
+        #: sys.exit(0)``), decided in :meth:`_stops_after_module` once every call is known:
         #: the test's node → (its decision, the calls of training loops that reach it)
         self._function_stops: dict[int, tuple[Stop, list[cst.Call]]] = {}
         self._written: set[int] = set()  # ... found in a def not left yet, as written
         #: how many times the file calls each name (``f(...)``, ``self.f(...)``): counted in
-        #: :meth:`leave_Module`, only for a file with such tests
+        #: :meth:`_stops_after_module`, only for a file with such tests
         self._calls_of: dict[str, int] = {}
 
     @handles("leave_FunctionDef")

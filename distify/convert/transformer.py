@@ -20,14 +20,22 @@ What it rewrites (each rewrite is recorded as a :class:`Edit` for the report):
   progress bars, logging, dataset downloads, run timestamps, gradient clipping, and random
   splits of the data set (drawn from the main process's generator on every process).
 
-Each family lives in its own mixin: :mod:`.models`, :mod:`.prepare`, :mod:`.devices`, :mod:`.loops`,
-:mod:`.side_effects`, :mod:`.randomness`, :mod:`.batch_shapes`, :mod:`.bptt`, :mod:`.stops`,
-:mod:`.meters` and
-:mod:`.full_batch` (their docstrings list their rewrites);
-:mod:`.base` holds the shared state, :mod:`.syntax` the node helpers. Each rewrite is
-registered by name in :mod:`.rewrites` (its documentation, report kinds and examples); the places
-where it changes the code ask :meth:`~.base.TransformerBase._skipped` first, so that ``--skip``
-can turn it off.
+Each family of rewrites lives in its own module: :mod:`.models`, :mod:`.prepare`, :mod:`.devices`,
+:mod:`.loops`, :mod:`.side_effects`, :mod:`.randomness`, :mod:`.batch_shapes`, :mod:`.bptt`,
+:mod:`.stops`, :mod:`.meters`, :mod:`.accumulation`, :mod:`.collected`, :mod:`.environments` and
+:mod:`.full_batch` (their docstrings list their rewrites). Their per-node handlers are plain
+methods marked with :func:`~.driver.handles` (``_loops_on_for``, ``_stops_after_while``); none
+defines a LibCST ``visit_``/``leave_`` hook or calls another family's through ``super()``. This
+module is the driver: it walks the tree once, and its ``HANDLERS`` table says, per node type, which
+handlers run and in what order (:mod:`.driver` makes the hooks from it; ``tests/test_driver.py``
+pins it). Its own handlers merge the statement-level effects: the lines a rewrite adds after a
+statement, the models prepared there, a guard around a side effect, a download grouped with the
+others. The bookkeeping the handlers share (the statement being left, scopes, loops, what was
+added) is one :class:`~.context.ConvertContext`, ``self.ctx``, made anew per module; :mod:`.base`
+holds the helpers every family uses, :mod:`.syntax` the node helpers. Each rewrite is registered by
+name in :mod:`.rewrites` (its documentation, report kinds and examples); the places where it
+changes the code ask :meth:`~.base.TransformerBase._skipped` first, so that ``--skip`` can turn it
+off.
 
 What it deliberately does not do: it never guesses. A training loop fed without a DataLoader,
 a data-dependent ``break`` in a training loop that no collective can decide where every process
@@ -65,8 +73,9 @@ class DistifyTransformer(AccumulationMixin, BatchShapeMixin, CollectedMixin, Mod
                          PrepareMixin, DeviceMixin, StopMixin, FullBatchMixin, LoopMixin,
                          SideEffectMixin, RandomnessMixin, EnvironmentMixin, StreamShardMixin,
                          MeterMixin, TransformerBase):
-    """Rewrites one module in one pass. Each mixin owns one family of rewrites; this class
-    dispatches calls and statements to them."""
+    """Rewrites one module in one pass: the driver. Each base class owns one family of rewrites
+    (its handlers and helpers); ``HANDLERS`` dispatches each node type to them, and this class's
+    own handlers merge what they did to a statement, a call, a block and the module."""
 
     # ---------------------------------------------------------------- statements
     @handles("visit_SimpleStatementLine")
