@@ -281,3 +281,42 @@ def test_a_walk_leaves_a_fresh_context_balanced():
         ([], [], [], [], [])
     assert len(ctx.scopes) == 1
     assert (ctx.depth, ctx.no_grad_depth, ctx.main_only_depth, ctx.expr_depth) == (0, 0, 0, 0)
+
+
+def _self_fields(path) -> tuple[set[str], set[str]]:
+    """The private ``self._<name>`` the rewrite families of a module assign, and those they read
+    (in the families' own methods: not in the helper visitors beside or inside them)."""
+    import ast
+
+    stored: set[str] = set()
+    read: set[str] = set()
+
+    def scan(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                continue  # a helper class: its `self` is not the transformer
+            if isinstance(child, ast.Attribute) and isinstance(child.value, ast.Name) \
+                    and child.value.id == "self" and child.attr.startswith("_"):
+                (stored if isinstance(child.ctx, ast.Store) else read).add(child.attr)
+            scan(child)
+
+    families = {cls.__name__ for cls in _families()}
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ClassDef) and node.name in families:
+            scan(node)
+    return stored, read
+
+
+def test_a_familys_own_state_is_read_by_that_family_only():
+    """What more than one family reads is in the context; a field a family keeps on the
+    transformer (its whole-file analyses) is read in its own module only."""
+    from pathlib import Path
+
+    folder = Path(distify.convert.__file__).parent
+    fields = {path.name: _self_fields(path) for path in folder.glob("*.py")}
+    assert sum(len(stored) for stored, _ in fields.values()) > 30  # the families' own fields
+    crossing = {(name, owner, reader) for owner, (stored, _) in fields.items() for name in stored
+                for reader, (_, read) in fields.items() if reader != owner and name in read}
+    assert crossing == set()
+    # nor through a name in a string
+    assert not [path.name for path in folder.glob("*.py") if 'getattr(self, "_' in path.read_text()]

@@ -124,7 +124,7 @@ class AccumulationMixin(TransformerBase):
         loaders = _LoaderNames(self)
         walk(node, loaders)
         fed: set[int] = set()
-        for flow in (getattr(self, "_draw_flow", None), getattr(self, "_stream_flow", None)):
+        for flow in (self.ctx.draw_flow, self.ctx.stream_flow):
             if flow is not None:
                 fed |= flow.fed_backwards
         #: lines setting a throughput counter over per-process batches (:mod:`.throughput`)
@@ -152,7 +152,7 @@ class AccumulationMixin(TransformerBase):
         """Does each process train on its own batches in these micro-steps: drawn per process
         by a batch function (:mod:`.randomness`), sliced from a split stream (:mod:`.bptt`),
         or ``next()`` of an iterator over a DataLoader this file builds (prepared, sharded)?"""
-        for flow in (getattr(self, "_draw_flow", None), getattr(self, "_stream_flow", None)):
+        for flow in (self.ctx.draw_flow, self.ctx.stream_flow):
             if flow is not None and found.backwards & flow.fed_backwards:
                 return True
         if not found.nexts:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from distify.analysis.bptt_flow import StreamFlow, find_streams
+from distify.analysis.bptt_flow import find_streams
 from distify.analysis.names import dotted_name
 from distify.convert.base import TransformerBase
 from distify.convert.driver import handles
@@ -42,17 +42,17 @@ from distify.convert.syntax import _code, _join
 class StreamShardMixin(TransformerBase):
     @handles("visit_Module")
     def _bptt_on_module(self, node: cst.Module) -> None:
-        self._stream_flow = find_streams(node) if self.facts.may_batchify else None
+        self.ctx.stream_flow = find_streams(node) if self.facts.may_batchify else None
 
     def _fed_by_stream(self) -> bool:
         """Is the backward being rewritten in a loop that slices a sharded stream?"""
-        flow: StreamFlow | None = getattr(self, "_stream_flow", None)
+        flow = self.ctx.stream_flow
         return flow is not None and id(self.ctx.leaving) in flow.fed_backwards
 
     def _shard_stream_call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
         """Called for every call left: a batchify call of a training stream gets its data
         argument sharded (or its note, when the stream is also used otherwise)."""
-        flow: StreamFlow | None = getattr(self, "_stream_flow", None)
+        flow = self.ctx.stream_flow
         if flow is None:
             return updated
         key = id(original)

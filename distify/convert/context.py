@@ -15,6 +15,9 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 if TYPE_CHECKING:
+    from distify.analysis.bptt_flow import StreamFlow
+    from distify.analysis.downloads import DownloadUnit
+    from distify.analysis.draws_flow import DrawFlow
     from distify.convert.models import _IfFrame
 
 
@@ -192,3 +195,12 @@ class ConvertContext:
     #: per scope (by identity): tally name → the loops around the line that made it
     #: (:mod:`.collected`)
     tallies: dict[int, tuple[object, dict[str, tuple[int, ...]]]] = field(default_factory=dict)
+
+    # ---------------------------------------------------------------- read by several families
+    #: the batches drawn per process (:mod:`.randomness`; None where the file draws none)
+    draw_flow: DrawFlow | None = None
+    #: the streams split per process (:mod:`.bptt`; None where the file batchifies none)
+    stream_flow: StreamFlow | None = None
+    #: id of each statement a download unit left in the output → (it, its unit): grouped under
+    #: one ``main_process_first`` by the driver (:mod:`.side_effects`)
+    unit_outputs: dict[int, tuple[cst.CSTNode, DownloadUnit]] = field(default_factory=dict)

@@ -71,17 +71,17 @@ _PER_PROCESS = ("batches drawn per process: each process draws its own random ba
 class RandomnessMixin(TransformerBase):
     @handles("visit_Module")
     def _randomness_on_module(self, node: cst.Module) -> None:
-        self._draw_flow = (find_draw_flow(node, self.facts.imports)
+        self.ctx.draw_flow = (find_draw_flow(node, self.facts.imports)
                            if self.facts.may_draw_batches else None)
 
     def _fed_by_draws(self) -> bool:
         """Is the backward being rewritten in a loop whose batches a batch function draws?"""
-        flow: DrawFlow | None = getattr(self, "_draw_flow", None)
+        flow = self.ctx.draw_flow
         return flow is not None and id(self.ctx.leaving) in flow.fed_backwards
 
     def _rewrite_random_draw(self, original: cst.Call, updated: cst.Call,
                              qual: str) -> cst.BaseExpression | None:
-        flow: DrawFlow | None = getattr(self, "_draw_flow", None)
+        flow = self.ctx.draw_flow
         if flow is not None and not any(a.star for a in original.args):
             per_process = self._draw_per_process(flow, original, updated, qual)
             if per_process is not None:

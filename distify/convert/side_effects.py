@@ -158,7 +158,6 @@ class SideEffectMixin(TransformerBase):
         #: id of a download unit's first statement as written → the unit
         self._unit_starts: dict[int, DownloadUnit] = {}
         self._unit_of: dict[int, DownloadUnit] = {}  # id of each statement of a unit
-        self._unit_outputs: dict[int, tuple[cst.CSTNode, DownloadUnit]] = {}
         self._nested_units: set[int] = set()  # ids of units inside another one: part of it
         self._download_module = node
         self._smoke_calls: set[int] | None = None  # see _smoke_test_calls
@@ -196,7 +195,7 @@ class SideEffectMixin(TransformerBase):
             self.ctx.main_only_depth -= 1
             self._in_download -= 1
             for new in nodes:
-                self._unit_outputs[id(new)] = (new, unit)
+                self.ctx.unit_outputs[id(new)] = (new, unit)
         elif self._unit_starts.get(id(original)) is unit and nodes:
             self._report_download(nodes[0], unit)
         return result
@@ -553,7 +552,7 @@ class SideEffectMixin(TransformerBase):
         run: list[cst.BaseStatement] = []
         unit = None
         for stmt in [*body, None]:
-            entry = self._unit_outputs.get(id(stmt)) if stmt is not None else None
+            entry = self.ctx.unit_outputs.get(id(stmt)) if stmt is not None else None
             mine = entry is not None and entry[0] is stmt
             if mine and (not run or entry[1] is unit):
                 run.append(stmt)
@@ -580,7 +579,7 @@ class SideEffectMixin(TransformerBase):
 
     def _group_downloads(self, body: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
         """Consecutive statements that download a dataset → ``with rt.main_process_first():``."""
-        if self._unit_outputs:
+        if self.ctx.unit_outputs:
             body = self._group_units(body)
         out: list[cst.BaseStatement] = []
         run: list[cst.BaseStatement] = []

@@ -188,7 +188,7 @@ class DistifyTransformer(AccumulationMixin, BatchShapeMixin, CollectedMixin, Mod
 
     def _tidy_block(self, body):
         """Group dataset downloads under one ``main_process_first`` and merge adjacent guards."""
-        if self.ctx.download_stmts or self._unit_outputs:
+        if self.ctx.download_stmts or self.ctx.unit_outputs:
             body = self._group_downloads(body)
         if self.ctx.guards:
             body = self._merge_guards(body)
