@@ -1,9 +1,10 @@
 """The bookkeeping of one conversion: what the rewrite families record about the nodes being
 walked, in one object the driver makes per module (``self.ctx`` in every handler).
 
-The families read and write its fields; none keeps this kind of state on the transformer itself.
-What a family alone needs about the whole file (its analyses, made in its ``visit_Module``
-handler) stays with that family.
+Every field more than one family reads or writes is here. What only one family reads (its
+whole-file analyses and its own stacks, set up in its ``visit_Module`` handler) stays with that
+family, on the transformer, and is read in that family's module only (``tests/test_driver.py``
+checks both).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class _Scope:
+    """What a module or function body has bound so far (the names the rewrites ask about)."""
+
     params: set[str] = field(default_factory=set)
     loaders: set[str] = field(default_factory=set)
     zero_inits: set[str] = field(default_factory=set)
@@ -51,6 +54,8 @@ class _Scope:
 
 @dataclass
 class _Loop:
+    """A ``for`` or ``while`` loop being visited: what its body does, as found so far."""
+
     loaderish: bool
     accumulators: list[str] = field(default_factory=list)
     #: what each accumulator adds (``correct += <value>``), for the report
