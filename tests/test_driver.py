@@ -131,6 +131,13 @@ def test_no_family_defines_a_libcst_hook():
     assert defining == set()
 
 
+def test_only_the_driver_and_its_base_define_the_generic_hooks():
+    generic = ("on_visit", "on_leave", "on_visit_attribute", "on_leave_attribute")
+    defining = {f"{cls.__qualname__}.{name}" for cls in _families() for name in generic
+                if name in vars(cls) and cls not in (DistifyTransformer, TransformerBase)}
+    assert defining == set()
+
+
 def test_every_handler_is_in_the_table_under_the_hook_it_handles():
     listed = {h: hook for hook, handlers in DistifyTransformer.HANDLERS.items() for h in handlers}
     marked = {value: value.handles for cls in _families() for value in vars(cls).values()

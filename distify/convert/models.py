@@ -138,15 +138,16 @@ class ModelMixin(TransformerBase):
     # resume path that builds none), each branch prepares it on its own path, and a path that
     # falls through without preparing it gets `model = rt.prepare(model)` after the `if`
     # (preparing twice returns the model unchanged). Bookkept through LibCST's per-field hooks
-    # on an `if` chain's bodies, which nothing else here uses.
+    # on an `if` chain's bodies, which nothing else here uses (the driver's `on_visit_attribute`
+    # and `on_leave_attribute` are these two).
 
-    def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
+    def _models_on_field(self, node: cst.CSTNode, attribute: str) -> None:
         if attribute == "body" and type(node) is cst.If and id(node) not in self.ctx.elifs:
             self.ctx.if_serial += 1
             self.ctx.if_frames.append(_IfFrame(set(self._scope.prepared_models),
                                                self.ctx.if_serial))
 
-    def on_leave_attribute(self, original_node: cst.CSTNode, attribute: str) -> None:
+    def _models_after_field(self, original_node: cst.CSTNode, attribute: str) -> None:
         if attribute != "body":
             return
         kind = type(original_node)

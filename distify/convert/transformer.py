@@ -281,6 +281,11 @@ class DistifyTransformer(AccumulationMixin, BatchShapeMixin, CollectedMixin, Mod
             self._attach_removals(updated.body[-1])
         return updated.with_changes(body=self._tidy_block(updated.body))
 
+    # LibCST's per-field hooks: only the models' ``if``-chain bookkeeping uses them (the base's
+    # do nothing, and skip LibCST's lookup of ``visit_<Node>_<field>`` methods)
+    on_visit_attribute = ModelMixin._models_on_field
+    on_leave_attribute = ModelMixin._models_after_field
+
     # ---------------------------------------------------------------- the dispatch table
     #: LibCST hook → the handlers it runs, in order (see :mod:`.driver`): a visit hook's answer
     #: is its last handler's; a leave hook hands each handler the node the one before returned.
