@@ -260,11 +260,13 @@ class UnreducedEvalMetric(LintRule):
                                                           verb=verb))
 
 
-def _names(node: ast.AST) -> set[str]:
-    found = set()
+def _names(node: ast.AST) -> dict[str, None]:
+    """The dotted names in ``node``, in a fixed order (the walk's), as the keys of a dict: the
+    finding names the first tainted one, and a set's order would change with the hash seed."""
+    found: dict[str, None] = {}
     for child in ast.walk(node):
         if isinstance(child, (ast.Name, ast.Attribute)):
             name = ast_dotted_name(child)
             if name:
-                found.add(name)
+                found[name] = None
     return found
