@@ -64,8 +64,9 @@ def stays_on_cpu(module: cst.Module) -> bool:
     ``torch.from_numpy(state)`` or ``torch.zeros(n)`` stay on the CPU. When in doubt (a device
     from a setting, a function or a flag), it is not CPU-only."""
     finder = _DeviceFinder()
-    walk(module, finder)
-    if finder.accelerator:
+    try:
+        walk(module, finder)
+    except _Accelerator:  # one word that names an accelerator settles it: the walk stops
         return False
     cpu_names = {name for name, values in finder.assigned.items() if all(map(_is_cpu, values))}
 
@@ -75,15 +76,18 @@ def stays_on_cpu(module: cst.Module) -> bool:
     return all(cpu(value) for value in finder.devices)
 
 
+class _Accelerator(Exception):
+    """Raised by :class:`_DeviceFinder` at the first word that names an accelerator."""
+
+
 class _DeviceFinder(cst.CSTVisitor):
     def __init__(self) -> None:
-        self.accelerator = False
         self.assigned: dict[str, list[cst.BaseExpression]] = {}
         self.devices: list[cst.BaseExpression] = []
 
     def _word(self, text: str) -> None:
         if _ACCELERATOR.search(text):
-            self.accelerator = True
+            raise _Accelerator
 
     def visit_Name(self, node: cst.Name) -> None:
         self._word(node.value)
@@ -165,9 +169,42 @@ def forward_factories(module: cst.Module, model_classes: set[str],
     """Tensors made without ``device=`` inside ``forward`` of the script's own modules (any
     of them may be the prepared model or one of its parts): notes for a script that is not
     CPU-only, whose model ``prepare`` puts on the accelerator."""
-    finder = _ForwardFactories(model_classes, qual, rt)
-    walk(module, finder)
-    return finder.found
+    if not model_classes:
+        return []
+    forwards = _Forwards(model_classes)
+    walk(module, forwards)  # statements only: the few ``forward`` methods to read
+    found: list[Edit] = []
+    for node, classes in forwards.found:
+        finder = _ForwardFactories(model_classes, qual, rt)
+        finder.classes = classes
+        walk(node, finder)
+        found += finder.found
+    return found
+
+
+class _Forwards(cst.CSTVisitor):
+    """The ``forward`` methods of the script's own model classes (a statement-level walk, which
+    skips every expression), each with the classes around it: all of a module where
+    :class:`_ForwardFactories` can find something. A ``.to()`` that moves a factory's tensor is
+    around that factory's call, so inside the same method."""
+
+    def __init__(self, model_classes: set[str]) -> None:
+        self.model_classes = model_classes
+        self.classes: list[str] = []
+        self.found: list[tuple[cst.FunctionDef, list[str]]] = []
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self.classes.append(node.name.value)
+
+    def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
+        self.classes.pop()
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        if node.name.value == "forward" and self.classes and \
+                self.classes[-1] in self.model_classes:
+            self.found.append((node, list(self.classes)))
+            return False  # read whole by _ForwardFactories, nested methods included
+        return True
 
 
 def _is_dtype(node: cst.BaseExpression) -> bool:
@@ -233,12 +270,23 @@ FRESH_MESSAGE = ("`{name}` is a fresh {cls}, neither prepared nor moved to {rt}.
                  "`{name}.to({rt}.device())`")
 
 
-def fresh_models(module: cst.Module, model_classes: set[str], rt: str) -> list[Edit]:
+def fresh_models(module: cst.Module, model_classes: set[str], rt: str,
+                 source: bytes | None = None) -> list[Edit]:
     """``net = Net()`` then ``net.load_state_dict(torch.load(...))``: a model the script makes
     again (to evaluate a checkpoint) that is not prepared and not moved (``.to``, ``.cuda``),
     called inside a loop over a prepared loader, whose batches are on the device. One note at
     the line that makes it. Names are matched over the whole script (not scope by scope), in
-    source order: a prepared ``net`` made again by ``net = Net()`` is fresh from there on."""
+    source order: a prepared ``net`` made again by ``net = Net()`` is fresh from there on.
+
+    ``source``, the script's own text, when given: a script that never says
+    ``load_state_dict`` loads no model (no rewrite writes that name:
+    ``tests/test_device_notes_scope.py`` checks), and the walk is skipped."""
+    if not model_classes or source is not None and b"load_state_dict" not in source:
+        return []
+    made = _MadeModels(model_classes)
+    walk(module, made)  # statements only: is a model made at all?
+    if not made.found:
+        return []
     finder = _FreshModels(model_classes, rt)
     walk(module, finder)
     return [Edit(node, "device", FRESH_MESSAGE.format(name=name, cls=cls, rt=rt),
@@ -246,6 +294,22 @@ def fresh_models(module: cst.Module, model_classes: set[str], rt: str) -> list[E
             for name, (node, cls) in finder.made.items()
             if name in finder.loaded and name in finder.called_on_batches
             and name not in finder.prepared and name not in finder.moved]
+
+
+class _MadeModels(cst.CSTVisitor):
+    """Is there a ``net = Net()`` of one of the script's model classes (what
+    :meth:`_FreshModels.visit_Assign` records as made)? A statement-level walk: without one,
+    no model is fresh."""
+
+    def __init__(self, model_classes: set[str]) -> None:
+        self.model_classes = model_classes
+        self.found = False
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        value = node.value
+        if isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and \
+                value.func.value in self.model_classes:
+            self.found = True
 
 
 class _FreshModels(cst.CSTVisitor):

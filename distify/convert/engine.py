@@ -155,7 +155,7 @@ def _rewrite(path: str, source: bytes, module: cst.Module, transformer: DistifyT
         else:
             classes = transformer.facts.model_classes
             edits = [*edits, *forward_factories(updated, classes, transformer._qual, rt),
-                     *fresh_models(updated, classes, rt)]
+                     *fresh_models(updated, classes, rt, source)]
     code, changes, notes = _located(updated, edits)
     return FileResult(path, source, code.encode(updated.encoding), "converted", changes, notes,
                       tuple(dict.fromkeys(transformer.batch_sizes)), runtime_name=rt,
