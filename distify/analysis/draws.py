@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import re
 
+from distify.analysis.astwalk import child_nodes
 from distify.analysis.names import ImportMap
 from distify.rules import Entry
 
@@ -108,7 +109,7 @@ def may_draw_batches(tree: ast.Module, imports: ImportMap) -> bool:
                 loop[0].add(name)
                 loop[2] = loop[2] or name == "backward"
                 loop[1] = loop[1] or qual in TORCH_LOOP_DRAWS
-        stack.extend((child, function, inside) for child in ast.iter_child_nodes(node))
+        stack.extend((child, function, inside) for child in child_nodes(node))
     drawing.discard(None)
     changed = bool(drawing)
     while changed:  # a function calling a drawing function draws too

@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from distify.analysis.astwalk import child_nodes, walk
 from distify.analysis.loaders import is_loaderish, is_loop_wrapper
 from distify.analysis.names import ast_dotted_name
 
@@ -192,9 +193,9 @@ class FlowFinder:
     def reduction_of(self, value: ast.expr) -> str | None:
         """The reduction of the loss ``value`` computes (see :func:`loss_reduction`), None
         for no loss known here."""
-        if any(_is_count(node) for node in ast.walk(value)):
+        if any(_is_count(node) for node in walk(value)):
             return None  # a mean times its count: a sum, whatever the reduction
-        for node in ast.walk(value):
+        for node in walk(value):
             if isinstance(node, ast.Call):
                 callee = node.func
                 if isinstance(callee, ast.Name) and callee.id in self.flow.criteria:
@@ -239,7 +240,7 @@ class FlowFinder:
                 self._block(block, state)
 
     def _calls(self, node: ast.AST, state: list[bool]) -> None:
-        for sub in ast.walk(node):
+        for sub in walk(node):
             if not isinstance(sub, ast.Call):
                 continue
             func = sub.func
@@ -259,19 +260,19 @@ class FlowFinder:
 
 def _per_batch_callees(loop: ast.For | ast.AsyncFor) -> set[str]:
     """Local functions called in ``loop``'s body with a value of its batch as an argument."""
-    batch = {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
+    batch = {n.id for n in walk(loop.target) if isinstance(n, ast.Name)}
     for node in _body_nodes(loop.body):
         if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for target in targets:
-                batch.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+                batch.update(n.id for n in walk(target) if isinstance(n, ast.Name))
     found: set[str] = set()
     for node in _body_nodes(loop.body):
         if isinstance(node, ast.Call):
             name = _own_callee(node.func)
             values = [*node.args, *(k.value for k in node.keywords)]
             if name is not None and any(isinstance(n, ast.Name) and n.id in batch
-                                        for value in values for n in ast.walk(value)):
+                                        for value in values for n in walk(value)):
                 found.add(name)
     return found
 
@@ -285,7 +286,7 @@ def _body_nodes(body: list[ast.stmt]) -> list[ast.AST]:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
             continue
         found.append(node)
-        stack.extend(ast.iter_child_nodes(node))
+        stack.extend(child_nodes(node))
     return found
 
 

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import ast
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from distify.analysis import parallelism
+from distify.analysis.astwalk import walk
 from distify.analysis.bptt import RESHAPES, reshape_dim_names
 from distify.analysis.draws import may_draw_batches
 from distify.analysis.effects import writes_mode
@@ -109,43 +112,69 @@ def gather_facts(tree: ast.Module, source: bytes, rules: RuleSet) -> FileFacts:
     dims: set[str] = set()  # names that are a dimension of a `.view(a, b)`/`.reshape(a, b)`
     flow = FlowFinder(facts.imports, rules) if trains else None  # evaluation across the file
 
-    def each(node: ast.AST) -> None:
-        if isinstance(node, ast.Name):
-            facts.names.add(node.id)
-            if not isinstance(node.ctx, ast.Load):
-                facts.bound.add(node.id)
-            else:
-                facts.read.add(node.id)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            facts.names.add(node.name)
-            facts.bound.add(node.name)
-        elif isinstance(node, ast.ClassDef):
-            facts.names.add(node.name)
-            facts.bound.add(node.name)
-            classes.append(node)
-        elif isinstance(node, ast.arg):
-            facts.names.add(node.arg)
-            facts.bound.add(node.arg)
-            params.add(node.arg)
-        elif isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)) and node.name:
-            facts.names.add(node.name)
-        elif isinstance(node, ast.MatchMapping) and node.rest:
-            facts.names.add(node.rest)
-        elif isinstance(node, (ast.Global, ast.Nonlocal)):
-            facts.names.update(node.names)
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
-                and node.func.id == "open" and node.args:
+    names, bound, read = facts.names, facts.bound, facts.read
+    functions: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]] = {}
+    calls: list[ast.Call] = []
+    assigns: list[ast.Assign] = []
+
+    def name(node: ast.Name) -> None:
+        names.add(node.id)
+        if type(node.ctx) is not ast.Load:
+            bound.add(node.id)
+        else:
+            read.add(node.id)
+
+    def function(node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        names.add(node.name)
+        bound.add(node.name)
+        functions.setdefault(node.name, []).append(node)
+
+    def class_(node: ast.ClassDef) -> None:
+        names.add(node.name)
+        bound.add(node.name)
+        classes.append(node)
+
+    def arg(node: ast.arg) -> None:
+        names.add(node.arg)
+        bound.add(node.arg)
+        params.add(node.arg)
+
+    def named(node: ast.ExceptHandler | ast.MatchAs | ast.MatchStar) -> None:
+        if node.name:
+            names.add(node.name)
+
+    def rest(node: ast.MatchMapping) -> None:
+        if node.rest:
+            names.add(node.rest)
+
+    def declared(node: ast.Global | ast.Nonlocal) -> None:
+        names.update(node.names)
+
+    def call(node: ast.Call) -> None:
+        calls.append(node)
+        if isinstance(node.func, ast.Name) and node.func.id == "open" and node.args:
             mode = node.args[1] if len(node.args) > 1 else next(
                 (k.value for k in node.keywords if k.arg == "mode"), None)
             if isinstance(mode, ast.Constant) and writes_mode(mode.value):
                 facts.written_paths.add(ast.unparse(node.args[0]))
-        elif reshapes and isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-                and node.func.attr in RESHAPES:
+        elif reshapes and isinstance(node.func, ast.Attribute) and node.func.attr in RESHAPES:
             dims.update(reshape_dim_names(node.args))
-        elif seed_names and isinstance(node, ast.Call) and not facts.seeds \
-                and _last_name(node.func) in seed_names:
+        elif seed_names and not facts.seeds and _last_name(node.func) in seed_names:
             facts.seeds = rules.match("seeds",
                                       facts.imports.ast_qualname(node.func)) is not None
+
+    # node type → what it tells (a dict lookup per node, not a chain of isinstance tests)
+    handlers: dict[type, Callable[[Any], None]] = {
+        ast.Name: name, ast.FunctionDef: function, ast.AsyncFunctionDef: function,
+        ast.ClassDef: class_, ast.arg: arg, ast.ExceptHandler: named, ast.MatchAs: named,
+        ast.MatchStar: named, ast.MatchMapping: rest, ast.Global: declared,
+        ast.Nonlocal: declared, ast.Call: call, ast.Assign: assigns.append}
+    handler_of = handlers.get
+
+    def each(node: ast.AST) -> None:
+        handler = handler_of(type(node))
+        if handler is not None:
+            handler(node)
         if markers is not None and not markers.done:
             markers.see(node)
         if flow is not None:
@@ -153,7 +182,7 @@ def gather_facts(tree: ast.Module, source: bytes, rules: RuleSet) -> FileFacts:
 
     collected = collect(tree, facts.imports, rules, each) if trains else None
     if collected is None:
-        for node in ast.walk(tree):
+        for node in walk(tree):  # breadth first, as the markers' first line always was
             each(node)
     facts.parallel = markers.result() if markers is not None else None
     facts.names.update(facts.imports.aliases)
@@ -170,23 +199,20 @@ def gather_facts(tree: ast.Module, source: bytes, rules: RuleSet) -> FileFacts:
     facts.builds_loaders = any(name.rsplit(".", 1)[-1].encode() in source
                                for name in rules.names("dataloaders"))
     if facts.builds_loaders:
-        facts.loader_params = _loader_params(tree, facts.imports, rules)
+        facts.loader_params = _loader_params(functions, calls, assigns, facts.imports, rules)
     return facts
 
 
-def _loader_params(tree: ast.Module, imports: ImportMap, rules: RuleSet) -> dict[str, set[str]]:
+def _loader_params(functions: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]],
+                   calls: list[ast.Call], assigns: list[ast.Assign], imports: ImportMap,
+                   rules: RuleSet) -> dict[str, set[str]]:
     """See :attr:`FileFacts.loader_params`: calls by plain name (``evaluate(model, loader)``)
     and on ``self`` (``self.evaluate(loader)``), bound to the parameters of the file's
-    functions of that name."""
-    functions: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]] = {}
+    functions of that name (the file's functions by name, calls and assignments, from the walk
+    of :func:`gather_facts`)."""
     loaders: set[str] = set()
-    calls: list[ast.Call] = []
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            functions.setdefault(node.name, []).append(node)
-        elif isinstance(node, ast.Call):
-            calls.append(node)
-        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) \
+    for node in assigns:
+        if isinstance(node.value, ast.Call) \
                 and rules.match("dataloaders", imports.ast_qualname(node.value.func)):
             loaders.update(t.id for t in node.targets if isinstance(t, ast.Name))
 

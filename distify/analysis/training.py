@@ -27,6 +27,7 @@ import ast
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from distify.analysis.astwalk import child_nodes
 from distify.analysis.names import ImportMap, ast_dotted_name
 from distify.rules import RuleSet
 
@@ -144,8 +145,9 @@ class Collector:
                           ast.Return: self._return, ast.Call: self._call}
 
     def collect(self, tree: ast.AST, each: Callable[[ast.AST], None] | None = None) -> None:
-        """Walk ``tree`` once; ``each`` (if given) is called on every node too, so a caller
-        with facts of its own to gather needs no walk of its own."""
+        """Walk ``tree`` once; ``each`` (if given) is called on every node too (but the
+        context and operator singletons: :func:`~.astwalk.child_nodes`), so a caller with facts
+        of its own to gather needs no walk of its own."""
         stack: list[tuple[ast.AST, _Scope]] = [(tree, self.scopes[()])]
         handlers = self._handlers
         while stack:
@@ -155,7 +157,7 @@ class Collector:
             handler = handlers.get(type(node))
             if handler is not None:
                 scope = handler(node, scope) or scope
-            children = list(ast.iter_child_nodes(node))
+            children = child_nodes(node)
             children.reverse()
             stack.extend((child, scope) for child in children)
 
