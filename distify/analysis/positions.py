@@ -1,8 +1,12 @@
-"""Line numbers for a handful of nodes, at the cost of one code generation.
+"""Line numbers for a handful of nodes of a generated module, with LibCST's public API only.
 
-LibCST's PositionProvider records a position for every node (about 1.5× a parse on a large
-file). We only need the lines of the nodes a rewrite touched, so we generate the code once with
-a codegen state that notes the current line when one of those nodes starts.
+LibCST's ``WhitespaceInclusivePositionProvider`` records a position for every node (about five
+times a code generation on a large file), and a codegen state that notes the line where one
+node starts would subclass LibCST's private ``CodegenState``. We need the lines of the few nodes
+a rewrite touched: the code comes from ``Module.code``, and one read-only walk in code order
+counts the newlines the tokens hold, which only whitespace, comments, strings and the newline
+nodes can. The line of a node is where its code starts, leading comment and blank lines
+included, as the whitespace-inclusive provider has it (``tests/test_positions.py``).
 """
 
 from __future__ import annotations
@@ -10,26 +14,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import libcst as cst
-from libcst._nodes.internal import CodegenState
 
+from distify.analysis.walk import child_fields
 
-class _LineRecorder(CodegenState):
-    __slots__ = ("wanted", "lines", "_line", "_counted")
-
-    def __init__(self, wanted: set[int], default_indent: str, default_newline: str) -> None:
-        super().__init__(default_indent=default_indent, default_newline=default_newline)
-        self.wanted = wanted
-        self.lines: dict[int, int] = {}
-        self._line = 1
-        self._counted = 0
-
-    def before_codegen(self, node: cst.CSTNode) -> None:
-        if id(node) in self.wanted:
-            tokens = self.tokens
-            for token in tokens[self._counted:]:
-                self._line += token.count("\n")
-            self._counted = len(tokens)
-            self.lines.setdefault(id(node), self._line)
+#: the nodes whose one token is their ``value``: the only text, with :class:`libcst.Newline`,
+#: that can hold a line break (a backslash continuation, a triple-quoted string)
+_TEXT = frozenset({cst.SimpleWhitespace, cst.SimpleString, cst.FormattedStringText,
+                   cst.Comment, *([cst.TemplatedStringText]
+                                  if hasattr(cst, "TemplatedStringText") else [])})
+#: one token and parentheses: nothing below them when they have no parentheses
+_ATOMS = frozenset({cst.Name, cst.Integer, cst.Float, cst.Imaginary})
 
 
 def start_line(node: cst.CSTNode) -> cst.CSTNode:
@@ -45,9 +39,40 @@ def lines_of(module: cst.Module, nodes: Iterable[cst.CSTNode]) -> tuple[str, dic
     """Generate ``module``'s code and the 1-based line where each of ``nodes`` starts.
 
     Returns:
-        the generated code and a map from ``id(node)`` to its line.
+        the generated code and a map from ``id(node)`` to its line (a node that is not in
+        ``module`` has none; a node that is there twice, its first line).
     """
     wanted = {id(node) for node in nodes}
-    state = _LineRecorder(wanted, module.default_indent, module.default_newline)
-    module._codegen(state)
-    return "".join(state.tokens), state.lines
+    default = module.default_newline.count("\n")
+    lines: dict[int, int] = {}
+    line = 1
+    sequence = (tuple, list)
+    node_type, newline, block = cst.CSTNode, cst.Newline, cst.IndentedBlock
+
+    def visit(node: cst.CSTNode) -> None:
+        nonlocal line
+        kind = type(node)
+        if id(node) in wanted and id(node) not in lines:
+            lines[id(node)] = line
+        if kind in _TEXT:
+            line += node.value.count("\n")
+        elif kind in _ATOMS and not node.lpar and not node.rpar:
+            pass
+        elif kind is newline:
+            line += default if node.value is None else node.value.count("\n")
+        elif kind is block and not node.body:  # LibCST writes `pass` and a newline
+            visit(node.header)
+            line += default
+            for empty in node.footer:
+                visit(empty)
+        else:
+            for name in child_fields(node):
+                value = getattr(node, name)
+                if type(value) in sequence:
+                    for child in value:
+                        visit(child)
+                elif isinstance(value, node_type):
+                    visit(value)
+
+    visit(module)
+    return module.code, lines

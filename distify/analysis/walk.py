@@ -91,6 +91,11 @@ def _order(node: cst.CSTNode) -> tuple[str, ...]:
     return known[0]
 
 
+#: the fields of a node LibCST visits, in its order, which is also the order it generates their
+#: code in (:mod:`distify.analysis.positions` counts lines by it)
+child_fields = _order
+
+
 def _own(cls: type, name: str) -> Callable | None:
     """``cls``'s hook ``name``, or None where it is LibCST's default (which does nothing)."""
     method = getattr(cls, name, None)
