@@ -14,6 +14,7 @@ or ``a/b/__init__.py``, relative imports from the importer's package.
 from __future__ import annotations
 
 import ast
+import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -24,8 +25,15 @@ def module_names(modules: Iterable[str], aliases: Iterable[str]) -> tuple[str, .
     return tuple(dict.fromkeys([*modules, *aliases]))
 
 
-def resolve(name: str, importer: Path, root: Path) -> Path | None:
-    """The local file ``name`` (as imported by ``importer``) is, or None."""
+def resolve(name: str, importer: Path, root: Path,
+            listings: dict[str, dict[str, tuple[bool, bool]]] | None = None) -> Path | None:
+    """The local file ``name`` (as imported by ``importer``) is, or None.
+
+    ``listings``: each folder's entries (is a file, is a folder), filled as folders are read;
+    pass one dict to many calls on the same files: a name is looked for in every folder from
+    the importer's up to the root, as a module and as a package, for each of its prefixes,
+    and one read of a folder answers them all (names match as the import system matches
+    them: case and all)."""
     level = len(name) - len(name.lstrip("."))
     dotted = name[level:]
     if level:
@@ -42,17 +50,45 @@ def resolve(name: str, importer: Path, root: Path) -> Path | None:
                 break
             folder = folder.parent
     parts = dotted.split(".") if dotted else []
+    if not all(part.isidentifier() for part in parts):  # not an import name: ask the disk
+        for base in bases:
+            for count in range(len(parts), 0, -1):
+                stem = base.joinpath(*parts[:count])
+                for candidate in (stem.with_suffix(".py"), stem / "__init__.py"):
+                    if candidate.is_file():
+                        return candidate
+        return None
+    listings = {} if listings is None else listings
     for base in bases:
         for count in range(len(parts), 0, -1):  # `from pkg.mod import f`: pkg/mod.py, not f
-            stem = base.joinpath(*parts[:count])
-            for candidate in (stem.with_suffix(".py"), stem / "__init__.py"):
-                if candidate.is_file():
-                    return candidate
+            folder = os.path.join(base, *parts[:count - 1])
+            last = parts[count - 1]
+            entries = _listing(folder, listings)
+            if entries.get(f"{last}.py", (False,))[0]:
+                return Path(folder, f"{last}.py")
+            if entries.get(last, (False, False))[1] and \
+                    _listing(os.path.join(folder, last), listings).get("__init__.py", (False,))[0]:
+                return Path(folder, last, "__init__.py")
     return None
 
 
+def _listing(folder: str, listings: dict[str, dict[str, tuple[bool, bool]]],
+             ) -> dict[str, tuple[bool, bool]]:
+    """``folder``'s entries: name → (a file, a folder), links followed; empty if unreadable."""
+    found = listings.get(folder)
+    if found is None:
+        try:
+            with os.scandir(folder) as entries:
+                found = {entry.name: (entry.is_file(), entry.is_dir()) for entry in entries}
+        except OSError:
+            found = {}
+        listings[folder] = found
+    return found
+
+
 def imported_by_parallel(imports: Mapping[Path, tuple[str, ...]], parallel: Iterable[Path],
-                         converted: Iterable[Path], root: Path) -> dict[Path, Path]:
+                         converted: Iterable[Path], root: Path, *,
+                         real: dict[Path, Path] | None = None) -> dict[Path, Path]:
     """The local modules a parallel entry point reaches, with that entry point, leaving out any
     that a converted file also reaches.
 
@@ -62,13 +98,15 @@ def imported_by_parallel(imports: Mapping[Path, tuple[str, ...]], parallel: Iter
         converted: the files being converted; those a parallel file reaches count as its
             helpers, the others as scripts whose helpers are converted with them.
         root: the project's root folder.
+        real: each path's ``resolve()``, filled as they are met (pass one dict to calls on the
+            same files: resolving a path is an ``lstat`` per folder of it).
     """
-    by_parallel, by_converted = _reached_by_both(imports, parallel, converted, root)
+    by_parallel, by_converted = _reached_by_both(imports, parallel, converted, root, real)
     return {path: entry for path, entry in by_parallel.items() if path not in by_converted}
 
 
 def reach(imports: Mapping[Path, tuple[str, ...]], starts: Iterable[Path],
-          root: Path) -> dict[Path, Path]:
+          root: Path, real: dict[Path, Path] | None = None) -> dict[Path, Path]:
     """The project files that ``starts`` import, directly or through other project files, each
     with the start that reaches it first (a start itself only when another start imports it).
 
@@ -76,15 +114,34 @@ def reach(imports: Mapping[Path, tuple[str, ...]], starts: Iterable[Path],
         imports: every project file's import names (:func:`module_names`), by path.
         starts: where to begin.
         root: the project's root folder.
+        real: as :func:`imported_by_parallel`'s.
     """
-    files = {path.resolve(): path for path in imports}
+    real = {} if real is None else real
+
+    def resolved(path: Path) -> Path:
+        found = real.get(path)
+        if found is None:
+            found = real[path] = path.resolve()
+        return found
+
+    files = {resolved(path): path for path in imports}
+    root = root.resolve()
     found: dict[Path, Path] = {}
+    # the files of one folder import the same names (`torch`, `os`, `utils`): each name is
+    # looked for once per folder, not once per import (each look is several `stat` calls)
+    targets: dict[tuple[str, Path], Path | None] = {}
+    listings: dict[str, dict[str, tuple[bool, bool]]] = {}
     for start in starts:
         pending = [start]
         while pending:
             path = pending.pop()
+            importer = resolved(path)
             for name in imports.get(path, ()):
-                target = resolve(name, path.resolve(), root.resolve())
+                key = (name, importer.parent)
+                if key in targets:
+                    target = targets[key]
+                else:
+                    target = targets[key] = resolve(name, importer, root, listings)
                 local = files.get(target) if target is not None else None
                 if local is None or local in found or local == start:
                     continue
@@ -107,14 +164,16 @@ def shared_with_parallel(imports: Mapping[Path, tuple[str, ...]], parallel: Iter
 
 def _reached_by_both(imports: Mapping[Path, tuple[str, ...]], parallel: Iterable[Path],
                      converted: Iterable[Path], root: Path,
+                     real: dict[Path, Path] | None = None,
                      ) -> tuple[dict[Path, Path], dict[Path, Path]]:
     """What the parallel files reach (each with its parallel file), and what the converted
     files that are scripts, not helpers of a parallel file, reach (each with its script)."""
     parallel = list(parallel)
-    by_parallel = {path: entry for path, entry in reach(imports, parallel, root).items()
+    real = {} if real is None else real
+    by_parallel = {path: entry for path, entry in reach(imports, parallel, root, real).items()
                    if path not in parallel}
     entries = [path for path in converted if path not in by_parallel]  # scripts, not helpers
-    return by_parallel, reach(imports, entries, root)
+    return by_parallel, reach(imports, entries, root, real)
 
 
 def _is_main_guard(node: ast.stmt) -> bool:

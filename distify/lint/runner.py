@@ -102,10 +102,11 @@ def _check_helpers(results: list[FileResult], options: LintOptions) -> list[File
     # realpath, not resolve(): a symlink loop among the files stays a finding of its own
     root = Path(os.path.commonpath([os.path.dirname(os.path.realpath(r.path)) for r in results]))
     everyone = replace(options, check_all=True)
+    real: dict[Path, Path] = {}  # each file's resolve(), once for every round
     while True:
         imports = {Path(r.path): r.imports for r in results if not _loops(r)}
         distributed = [Path(r.path) for r in results if not r.skipped and r.imports]
-        found = [path for path in imported_by_parallel(imports, distributed, (), root)
+        found = [path for path in imported_by_parallel(imports, distributed, (), root, real=real)
                  if path in waiting]
         if not found:
             return results
