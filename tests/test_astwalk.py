@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from distify.analysis.astwalk import child_nodes, walk
+from distify.analysis.astwalk import child_nodes, iter_walk, walk
 
 _LEAVES = (ast.expr_context, ast.operator, ast.boolop, ast.cmpop, ast.unaryop)
 _SOURCES = sorted((Path(__file__).parent / "fixtures").rglob("*.py"))[:60] + [
@@ -52,4 +52,5 @@ def test_the_same_nodes_in_the_same_order_without_the_singletons(name: str, text
         expected = [c for c in ast.iter_child_nodes(node) if not isinstance(c, _LEAVES)]
         assert child_nodes(node) == expected
     assert walk(tree) == [n for n in ast.walk(tree) if not isinstance(n, _LEAVES)]
+    assert list(iter_walk(tree)) == walk(tree)
     assert any(isinstance(n, _LEAVES) for n in ast.walk(tree))  # there were some to leave out

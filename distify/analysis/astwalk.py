@@ -9,6 +9,8 @@ children, in the same order, without those.
 from __future__ import annotations
 
 import ast
+from collections import deque
+from collections.abc import Iterator
 
 #: the fields that hold only a context or operator singleton (``ctx``, ``op``) or a list of
 #: them (``ops`` of a comparison)
@@ -46,3 +48,12 @@ def walk(node: ast.AST) -> list[ast.AST]:
         found.extend(child_nodes(found[index]))
         index += 1
     return found
+
+
+def iter_walk(node: ast.AST) -> Iterator[ast.AST]:
+    """:func:`walk`, one node at a time (for a search that may stop early)."""
+    pending = deque([node])
+    while pending:
+        node = pending.popleft()
+        pending.extend(child_nodes(node))
+        yield node

@@ -25,6 +25,7 @@ import ast
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from distify.analysis.astwalk import iter_walk
 from distify.analysis.names import ImportMap
 
 #: cheap substring test before walking a tree for markers (every marker contains one of these)
@@ -168,7 +169,7 @@ def find(tree: ast.Module, source: bytes, imports: ImportMap,
     if not any(hint in source for hint in HINTS):
         return None
     finder = Finder(imports, rules)
-    for node in ast.walk(tree):
+    for node in iter_walk(tree):  # ast.walk's order, without the context and operator nodes
         finder.see(node)
         if finder.done:
             break
