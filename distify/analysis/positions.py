@@ -15,7 +15,7 @@ from collections.abc import Iterable
 
 import libcst as cst
 
-from distify.analysis.walk import child_fields
+from distify.analysis.walk import child_fields, is_node_type
 
 #: the nodes whose one token is their ``value``: the only text, with :class:`libcst.Newline`,
 #: that can hold a line break (a backslash continuation, a triple-quoted string)
@@ -47,7 +47,7 @@ def lines_of(module: cst.Module, nodes: Iterable[cst.CSTNode]) -> tuple[str, dic
     lines: dict[int, int] = {}
     line = 1
     sequence = (tuple, list)
-    node_type, newline, block = cst.CSTNode, cst.Newline, cst.IndentedBlock
+    newline, block = cst.Newline, cst.IndentedBlock
 
     def visit(node: cst.CSTNode) -> None:
         nonlocal line
@@ -71,8 +71,11 @@ def lines_of(module: cst.Module, nodes: Iterable[cst.CSTNode]) -> tuple[str, dic
                 if type(value) in sequence:
                     for child in value:
                         visit(child)
-                elif isinstance(value, node_type):
+                elif is_node_type(type(value)):
                     visit(value)
+                elif isinstance(value, sequence):
+                    for child in value:
+                        visit(child)
 
     visit(module)
     return module.code, lines

@@ -41,6 +41,9 @@ _HOLDS_STATEMENTS = (cst.Module, cst.BaseCompoundStatement, cst.BaseSuite,
                      cst.ExceptStarHandler, cst.MatchCase)
 
 _SKIP, _NO_CHILDREN, _CHILDREN = 0, 1, 2
+#: one token and its parentheses (the most common nodes of a module, after punctuation)
+_ATOMS = frozenset({cst.Name, cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString,
+                    cst.Ellipsis})
 
 #: node type → the fields LibCST visits, in its order; and the fields it left unvisited because
 #: they held None
@@ -119,6 +122,8 @@ class _Plan:
         leave = _own(self.cls, f"leave_{kind.__name__}")
         if issubclass(kind, PUNCTUATION) and not self.punctuation:
             what = _SKIP
+        elif kind in _ATOMS and not self.punctuation and visit is None and leave is None:
+            what = _SKIP  # a name, number or string holds its parentheses only
         elif self.statements_only and not issubclass(kind, _HOLDS_STATEMENTS):
             what = _NO_CHILDREN if visit is not None or leave is not None else _SKIP
         else:
@@ -162,22 +167,48 @@ def walk(node: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
 
 
 def _walk(node: cst.CSTNode, visitor: cst.CSTVisitor, plan: _Plan) -> None:
-    step = plan.steps.get(type(node))
+    steps = plan.steps
+    step = steps.get(type(node))
     if step is None:
         step = plan.step(type(node))
     visit, leave, what = step
     if what == _SKIP:
         return
     if (visit is None or visit(visitor, node) is not False) and what == _CHILDREN:
+        # the children a step skips are skipped here, without a call (most of a module's
+        # nodes: whitespace, punctuation, names)
         for name in _order(node):
             value = getattr(node, name)
-            if isinstance(value, cst.CSTNode):
+            kind = type(value)
+            if kind is tuple or kind is list:
+                for child in value:
+                    known = steps.get(type(child))
+                    if known is None or known[2] != _SKIP:
+                        _walk(child, visitor, plan)
+                continue
+            known = steps.get(kind)  # a node type met before (no ABC isinstance test)
+            if known is not None:
+                if known[2] != _SKIP:
+                    _walk(value, visitor, plan)
+            elif is_node_type(kind):
                 _walk(value, visitor, plan)
             elif isinstance(value, (tuple, list)):
                 for child in value:
                     _walk(child, visitor, plan)
     if leave is not None:
         leave(visitor, node)
+
+
+#: type → is it a LibCST node (``isinstance`` on LibCST's abstract base class is slow)
+_NODE_TYPES: dict[type, bool] = {}
+
+
+def is_node_type(kind: type) -> bool:
+    """``issubclass(kind, libcst.CSTNode)``, remembered."""
+    found = _NODE_TYPES.get(kind)
+    if found is None:
+        found = _NODE_TYPES[kind] = issubclass(kind, cst.CSTNode)
+    return found
 
 
 def _walk_generic(node: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
