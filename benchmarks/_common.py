@@ -119,6 +119,23 @@ def table(header: list[str], rows: list[list[str]]) -> str:
 KEEP_MARKER = "<!-- hand-written analysis: kept when the benchmark rewrites this file -->"
 
 
+def precompile_distify() -> str:
+    """Write the bytecode of the distify being measured, as installing it does, and say so.
+
+    Whole-process runs import every module of distify's convert (or check) path; without
+    bytecode (``PYTHONDONTWRITEBYTECODE`` set, as on the shared machine, or a read-only
+    checkout) each process compiles them all again, about 0.1 s, while the floor's LibCST,
+    installed with its bytecode, never does."""
+    import compileall
+
+    import distify
+
+    folder = Path(distify.__file__).parent
+    compileall.compile_dir(str(folder), quiet=1)
+    return (f"bytecode: distify's compiled first (`compileall`, as an install does; "
+            f"PYTHONDONTWRITEBYTECODE={os.environ.get('PYTHONDONTWRITEBYTECODE', '')!r} here)")
+
+
 def write_results(path: Path, text: str) -> None:
     path = path.resolve()
     path.parent.mkdir(parents=True, exist_ok=True)

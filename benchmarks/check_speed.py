@@ -40,6 +40,8 @@ import textwrap
 import time
 from pathlib import Path
 
+from _common import precompile_distify
+
 HERE = Path(__file__).resolve().parent
 WORK = HERE / ".work"
 TORCHFIX_VENV = WORK / "torchfix-venv"
@@ -345,6 +347,7 @@ def main() -> None:
         lines = generate(corpus, args.files, args.plain)
         args.count, args.unparsed = None, []
     env_python = sys.executable
+    args.bytecode = precompile_distify()
     commands = {
         "distify check -j1": [env_python, "-m", "distify", "check", "--jobs", "1", str(corpus)],
         "distify check -j2": [env_python, "-m", "distify", "check", "--jobs", "2", str(corpus)],
@@ -405,6 +408,7 @@ Recorded with `{command}` on {platform.system()} {platform.machine()}, {os.cpu_c
 Python {platform.python_version()}
 (1-minute load average {args.load[0]:.1f} before and {args.load[1]:.1f} after: other work shares the
 machine, so absolute times vary; the ratios between alternated commands are what to compare).
+{args.bytecode}.
 
 {corpus} Every command runs as a whole process (start-up included) on the
 whole corpus; the commands alternate within each round; times are seconds over {args.rounds} rounds.

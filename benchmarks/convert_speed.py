@@ -40,6 +40,7 @@ from _common import (
     WORK,
     machine,
     median,
+    precompile_distify,
     run_timed,
     spread,
     table,
@@ -282,6 +283,7 @@ def render(args, inputs, proc, inproc, stages, stage_total, missing, prof) -> st
            f"({', '.join(f'{lines} lines' for _, _, lines in inputs)})",
            f"- targets: distify ≤ {TARGET_PROCESS}× the floor as whole processes, ≤ "
            f"{TARGET_INPROC}× in process, at every size; linear in size",
+           f"- {args.bytecode}",
            ""]
 
     out += ["## Whole processes\n",
@@ -375,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         args.rounds_process = args.rounds_inproc = args.rounds_stages = 1
         args.no_record = True
     inputs = make_inputs(sorted(args.sizes))
+    args.bytecode = precompile_distify()
     started = time.perf_counter()
     print("processes ...", file=sys.stderr)
     proc = bench_processes(inputs, args.rounds_process)
