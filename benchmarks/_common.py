@@ -6,6 +6,7 @@ import datetime
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -24,13 +25,20 @@ def venv_bin(name: str) -> str:
     return str(candidate) if candidate.exists() else name
 
 
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def run_timed(cmd: list[str], *, env: dict[str, str] | None = None,
-              cwd: str | Path | None = None) -> float:
-    """Run ``cmd`` to completion (output discarded) and return its wall time in seconds."""
-    start = time.perf_counter()
+              cwd: str | Path | None = None, cpu: bool = False) -> float:
+    """Run ``cmd`` to completion (output discarded) and return its wall time in seconds, or
+    with ``cpu`` the CPU time (user + system) it used: on a shared machine the CPU time of a
+    single-threaded command does not count the time other work held the CPUs."""
+    start, start_cpu = time.perf_counter(), _children_cpu()
     proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
                           cwd=cwd)
-    elapsed = time.perf_counter() - start
+    elapsed = _children_cpu() - start_cpu if cpu else time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"benchmark command failed ({proc.returncode}): {' '.join(cmd)}\n"
                          f"{proc.stderr.decode(errors='replace')}")
