@@ -25,7 +25,7 @@ def venv_bin(name: str) -> str:
     return str(candidate) if candidate.exists() else name
 
 
-def _children_cpu() -> float:
+def children_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
 
@@ -35,10 +35,10 @@ def run_timed(cmd: list[str], *, env: dict[str, str] | None = None,
     """Run ``cmd`` to completion (output discarded) and return its wall time in seconds, or
     with ``cpu`` the CPU time (user + system) it used: on a shared machine the CPU time of a
     single-threaded command does not count the time other work held the CPUs."""
-    start, start_cpu = time.perf_counter(), _children_cpu()
+    start, start_cpu = time.perf_counter(), children_cpu()
     proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
                           cwd=cwd)
-    elapsed = _children_cpu() - start_cpu if cpu else time.perf_counter() - start
+    elapsed = children_cpu() - start_cpu if cpu else time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"benchmark command failed ({proc.returncode}): {' '.join(cmd)}\n"
                          f"{proc.stderr.decode(errors='replace')}")

@@ -149,7 +149,7 @@ def bench_in_process(inputs, rounds: int) -> dict[int, dict[str, list[float]]]:
 
 # --------------------------------------------------------------------------- stages
 def stage_times(path: Path, rounds: int) -> tuple[dict[str, float], float, list[str]]:
-    """Median wall-clock time of each stage of ``convert_source``, timed by thin wrappers."""
+    """Median time (``--clock``) of each stage of ``convert_source``, timed by thin wrappers."""
     import distify.convert.engine as engine
 
     source = path.read_bytes()
@@ -362,7 +362,8 @@ def render(args, inputs, proc, inproc, stages, stage_total, missing, prof) -> st
 
     largest = inputs[-1]
     out += [f"## Where the time goes ({largest[2]} lines, in process)\n",
-            f"{CLOCK_WORDS[CLOCK].capitalize()}, each stage timed by a thin wrapper, median of "
+            f"{CLOCK_WORDS[CLOCK][0].upper()}{CLOCK_WORDS[CLOCK][1:]}, each stage timed by a "
+            "thin wrapper, median of "
             f"{args.rounds_stages} runs "
             f"(total {stage_total * 1e3:.0f} ms; floor for this file "
             f"{median(inproc[largest[0]]['floor']) * 1e3:.0f} ms):\n"]
