@@ -21,11 +21,8 @@ from distify.analysis.loaders import LOOP_WRAPPERS, is_loaderish, is_loop_wrappe
 from distify.analysis.names import ImportMap, dotted_name
 from distify.convert.engine import convert_source
 from distify.convert.transformer import DistifyTransformer
-from distify.lint.checks.dst203_data_dependent_collective import (
-    DataDependentCollective,
-    _Context,
-    _Shapes,
-)
+from distify.lint.checks._dst203_flow import _Context, _Shapes
+from distify.lint.checks.dst203_data_dependent_collective import DataDependentCollective
 from distify.lint.engine import FileContext, LintOptions
 from distify.lint.matcher import Matcher
 from distify.lint.registry import all_codes
