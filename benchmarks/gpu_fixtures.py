@@ -174,10 +174,7 @@ def main() -> int:
     failures = 0
     for r in results:
         o, c = r["original"], r["converted"]
-        if o["rc"] == 0 and c["rc"] == 0:
-            verdict = compare(o["out"], c["out"])
-        else:
-            verdict = "—"
+        verdict = compare(o["out"], c["out"]) if o["rc"] == 0 and c["rc"] == 0 else "—"
         if c["rc"] != 0 and o["rc"] == 0:
             failures += 1
         lines.append(f"| {r['name']} | rc {o['rc']}, {o['seconds']:.0f} s | rc {c['rc']}, "
