@@ -23,21 +23,34 @@ What it deliberately does not do: follow a criterion through containers or attri
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import libcst as cst
 
 from distify.analysis.evaluation import loss_reduction
 from distify.analysis.names import dotted_name
 from distify.convert.base import TransformerBase
+from distify.convert.context import _Loop
 from distify.convert.driver import handles
 from distify.convert.syntax import _names_in
 
 
+@dataclass(slots=True)
+class MeterState:
+    """What :class:`MeterMixin` keeps while it walks one module (``self._meters``)."""
+
+    #: names bound to an object built from meters (``progress = ProgressMeter(n, [top1])``)
+    views: dict[str, list[str]] = field(default_factory=dict)
+    #: the loops already given the note (held, not their ids: ids recycle)
+    noted: list[_Loop] = field(default_factory=list)
+
+
 class MeterMixin(TransformerBase):
+    _meters: MeterState
+
     @handles("visit_Module")
     def _meters_on_module(self, node: cst.Module) -> None:
-        #: names bound to an object built from meters (``progress = ProgressMeter(n, [top1])``)
-        self._meter_views: dict[str, list[str]] = {}
-        self._meter_noted: list = []  # the loops already given the note (held: ids recycle)
+        self._meters = MeterState()
 
     @handles("visit_FunctionDef")
     def _meters_on_function_def(self, node: cst.FunctionDef) -> None:
@@ -56,7 +69,7 @@ class MeterMixin(TransformerBase):
         if shown:
             for target in node.targets:
                 if isinstance(target.target, cst.Name):
-                    self._meter_views[target.target.value] = shown
+                    self._meters.views[target.target.value] = shown
 
     def _per_batch_scope(self) -> bool:
         """Is this code in a function called once per batch, whose result is used per
@@ -68,17 +81,17 @@ class MeterMixin(TransformerBase):
         """A meter shown inside a loop over a loader: its value there is this process's."""
         loops = [loop for loop in self.ctx.loops if loop.loaderish]
         if "reduce-metrics" in self.skip or not loops or not loops[-1].meters \
-                or any(loop is loops[-1] for loop in self._meter_noted):
+                or any(loop is loops[-1] for loop in self._meters.noted):
             return  # (no meters updated in this loop: none are added up after it)
         func = original.func
         shown: list[str] = []
         if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name):
-            shown = self._meter_views.get(func.value.value, [])
+            shown = self._meters.views.get(func.value.value, [])
         if not shown and dotted_name(func) == "print":
             shown = sorted(_names_in(original) & self._scope.meters)
         if not shown:
             return
-        self._meter_noted.append(loops[-1])
+        self._meters.noted.append(loops[-1])
         listed = ", ".join(f"`{name}`" for name in shown)
         self._edit(result, "reduce", f"{listed} shown during the loop: per-batch values are "
                    "this process's own (only the main process prints them); the meters cover "
