@@ -11,6 +11,8 @@ Nothing is rewritten for it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import libcst as cst
 
 from distify.analysis.full_batch import is_full_batch
@@ -18,40 +20,51 @@ from distify.convert.base import TransformerBase
 from distify.convert.driver import handles
 
 
+@dataclass(slots=True)
+class FullBatchState:
+    """What :class:`FullBatchMixin` keeps while it walks one module (``self._full_batch``)."""
+
+    #: the loops being visited, as written, innermost last
+    loops: list[cst.For | cst.While] = field(default_factory=list)
+    #: ids of the outermost loops of the nests already found full-batch (said once a nest)
+    nests: set[int] = field(default_factory=set)
+
+
 class FullBatchMixin(TransformerBase):
+    _full_batch: FullBatchState
+
     @handles("visit_Module")
     def _full_batch_on_module(self, node: cst.Module) -> None:
-        self._loop_nodes: list[cst.For | cst.While] = []  # the loops being visited, as written
-        self._full_batch_nests: set[int] = set()
+        self._full_batch = FullBatchState()
 
     @handles("visit_For")
     def _full_batch_on_for(self, node: cst.For) -> None:
-        self._loop_nodes.append(node)
+        self._full_batch.loops.append(node)
 
     @handles("leave_For")
     def _full_batch_after_for(self, original: cst.For, updated: cst.For):
-        self._loop_nodes.pop()
+        self._full_batch.loops.pop()
         return updated
 
     @handles("visit_While")
     def _full_batch_on_while(self, node: cst.While) -> None:
-        self._loop_nodes.append(node)
+        self._full_batch.loops.append(node)
 
     @handles("leave_While")
     def _full_batch_after_while(self, original: cst.While, updated: cst.While):
-        self._loop_nodes.pop()
+        self._full_batch.loops.pop()
         return updated
 
     def _reported_full_batch(self, node: cst.CSTNode) -> bool:
         """At a backward pass in loops not fed by a DataLoader: if they train full-batch, say
         so (once per loop nest) and return True."""
-        outermost = self._loop_nodes[-len(self.ctx.loops)]  # this function's outermost loop
-        if id(outermost) in self._full_batch_nests:
+        outermost = self._full_batch.loops[-len(self.ctx.loops)]  # this function's outermost loop
+        if id(outermost) in self._full_batch.nests:
             return True
         if not is_full_batch(outermost, self._models_that_train(), self._qual) \
                 or self._skipped("full-batch", node):  # then said as for any loop
             return False
-        self._full_batch_nests.add(id(outermost))
+        self._full_batch.nests.add(id(outermost))
         self._edit(node, "full-batch", "full-batch training: this loop is not fed by a "
                    "DataLoader and its model reads the same inputs at every step, so every "
                    "process trains on the whole data set. Their gradients are equal, so the "
