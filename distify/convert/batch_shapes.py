@@ -108,26 +108,40 @@ class _BatchLoop:
     shadowed: set[str] = field(default_factory=set)  # batch-size names rebound in the loop
 
 
+@dataclass(slots=True)
+class BatchShapeState:
+    """What :class:`BatchShapeMixin` keeps while it walks one module (``self._batch_shapes``)."""
+
+    #: the module as written (its DataLoaders are found in it on the first loop over one)
+    module: cst.Module
+    #: the loops over a DataLoader being visited, innermost last
+    loops: list[_BatchLoop] = field(default_factory=list)
+    #: (scope, or None for an attribute; dotted name) → the DataLoaders built there; None
+    #: until the first loop over one asks
+    loaders_built: dict[tuple[tuple[str, ...] | None, str], list[_Built]] | None = None
+    #: scope → the names it binds (found with ``loaders_built``)
+    assigned_in: dict[tuple[str, ...], set[str]] = field(default_factory=dict)
+    #: the scopes that are class bodies (their names are not seen from their methods)
+    class_scopes: set[tuple[str, ...]] = field(default_factory=set)
+    #: the batch sizes of every DataLoader built in the file (read once, when first asked)
+    batch_size_names: set[str] | None = None
+    #: the last parts of the rules' DataLoader names (read once, when first asked)
+    loader_names: set[str] | None = None
+    #: lambdas around the node: a lambda runs later, when its names may hold something else
+    lambdas: int = 0
+    #: id of a ``for i in range(batch_size)`` loop to rewrite → (the batch it indexes, the
+    #: bound), or to report → the note
+    ranges: dict[int, tuple[str, str] | str] = field(default_factory=dict)
+
+
 class BatchShapeMixin(TransformerBase):
     """The batch size in shapes inside loops over a DataLoader (see the module docstring)."""
 
-    _batch_loops: list[_BatchLoop]
-    _loaders_built: dict[tuple[tuple[str, ...] | None, str], list[_Built]] | None
-    _assigned_in: dict[tuple[str, ...], set[str]]
+    _batch_shapes: BatchShapeState
 
     @handles("visit_Module")
     def _batch_shapes_on_module(self, node: cst.Module) -> None:
-        self._batch_module = node
-        self._batch_loops = []
-        self._loaders_built = None  # read from the whole module on the first loop over one
-        self._assigned_in = {}  # scope → the names it binds
-        self._class_scopes: set[tuple[str, ...]] = set()
-        self._batch_size_names: set[str] | None = None
-        self._loader_names: set[str] | None = None
-        self._lambdas = 0  # a lambda runs later, when its names may hold something else
-        #: `for i in range(batch_size)` loops to rewrite → (the batch they index, the bound),
-        #: or to report → the note
-        self._batch_ranges: dict[int, tuple[str, str] | str] = {}
+        self._batch_shapes = BatchShapeState(module=node)
 
     # ------------------------------------------------------------ the loop and its batch
     @handles("visit_For")
@@ -146,13 +160,13 @@ class BatchShapeMixin(TransformerBase):
             loop.leaves[name] = False
         if target is None and batch_size is not None:
             loop.batch_size, loop.why = None, "the loop's target is not the batch"
-        self._batch_loops.append(loop)
+        self._batch_shapes.loops.append(loop)
 
     @handles("leave_For")
     def _batch_shapes_after_for(self, original: cst.For, updated: cst.For):
-        if self._batch_loops and self._batch_loops[-1].node is original:
-            self._batch_loops.pop()
-        found = self._batch_ranges.pop(id(original), None)
+        if self._batch_shapes.loops and self._batch_shapes.loops[-1].node is original:
+            self._batch_shapes.loops.pop()
+        found = self._batch_shapes.ranges.pop(id(original), None)
         if found is not None and isinstance(found, str):  # reported, not rewritten
             self._edit(updated.iter, "batch-size", found, human=True)
         elif found is not None and not self._skipped("batch-shapes", updated.iter):
@@ -173,7 +187,7 @@ class BatchShapeMixin(TransformerBase):
         the batch."""
         loops = self._open_batch_loops()
         it = node.iter
-        if not loops or self._lambdas or not isinstance(node.target, cst.Name) \
+        if not loops or self._batch_shapes.lambdas or not isinstance(node.target, cst.Name) \
                 or not isinstance(it, cst.Call) or not isinstance(it.func, cst.Name) \
                 or it.func.value != "range" or "range" in self.facts.bound \
                 or len(it.args) != 1 or it.args[0].keyword or it.args[0].star:
@@ -184,17 +198,17 @@ class BatchShapeMixin(TransformerBase):
         if batch is None or bound in loop.shadowed:
             return
         if bound == loop.batch_size:
-            self._batch_ranges[id(node)] = (batch, bound)
+            self._batch_shapes.ranges[id(node)] = (batch, bound)
         elif self._is_batch_name(bound, loop):
             why = loop.why or f"this loop's DataLoader has batch_size={loop.batch_size}"
-            self._batch_ranges[id(node)] = (
+            self._batch_shapes.ranges[id(node)] = (
                 f"`{bound}` in this range is the configured batch size, and the loop indexes "
                 f"the batch (`{batch}[...]`), but on several processes the last batch on a "
                 f"process can be smaller: use `range(len({batch}))` (not rewritten: {why})")
 
     def _open_batch_loops(self) -> list[_BatchLoop]:
         depth = len(self.ctx.scopes)
-        return [loop for loop in self._batch_loops if loop.scope == depth]
+        return [loop for loop in self._batch_shapes.loops if loop.scope == depth]
 
     def _unwrap(self, iterated: cst.BaseExpression, target: cst.BaseExpression | None):
         """``enumerate(tqdm(loader))`` with ``i, (x, y)`` → ``loader`` and ``(x, y)``."""
@@ -211,17 +225,17 @@ class BatchShapeMixin(TransformerBase):
 
     @handles("visit_Lambda")
     def _batch_shapes_on_lambda(self, node: cst.Lambda) -> None:
-        self._lambdas += 1
+        self._batch_shapes.lambdas += 1
 
     @handles("leave_Lambda")
     def _batch_shapes_after_lambda(self, original: cst.Lambda, updated: cst.Lambda) -> cst.Lambda:
-        self._lambdas -= 1
+        self._batch_shapes.lambdas -= 1
         return updated
 
     @handles("visit_Attribute")
     def _batch_shapes_on_attribute(self, node: cst.Attribute) -> None:
         """``x.to(device)``, ``x.size(0)``: ``x`` holds a tensor."""
-        if self._batch_loops and isinstance(node.value, cst.Name) \
+        if self._batch_shapes.loops and isinstance(node.value, cst.Name) \
                 and node.attr.value in _TENSOR_ATTRS:
             for loop in self._open_batch_loops():
                 if node.value.value in loop.leaves:
@@ -229,14 +243,14 @@ class BatchShapeMixin(TransformerBase):
 
     @handles("leave_Assign")
     def _batch_shapes_after_assign(self, original: cst.Assign, updated: cst.Assign):
-        if self._batch_loops:
+        if self._batch_shapes.loops:
             for target in original.targets:
                 self._assigned(target.target, original.value)
         return updated
 
     @handles("leave_AnnAssign")
     def _batch_shapes_after_ann_assign(self, original: cst.AnnAssign, updated: cst.AnnAssign):
-        if self._batch_loops and original.value is not None:
+        if self._batch_shapes.loops and original.value is not None:
             self._assigned(original.target, original.value)
         return updated
 
@@ -327,24 +341,25 @@ class BatchShapeMixin(TransformerBase):
         return size, ""
 
     def _builds_of(self, loader: cst.BaseExpression | None) -> list[_Built]:
-        if self._loaders_built is None:
-            self._loaders_built = {}
-            self._find_loaders(self._batch_module.body, ())
+        state = self._batch_shapes
+        if state.loaders_built is None:
+            state.loaders_built = {}
+            self._find_loaders(state.module.body, ())
         code = dotted_name(loader) if loader is not None else None
         if code is None:
             return []
         if isinstance(loader, cst.Attribute):  # self.train_loader: wherever it is built
-            return self._loaders_built.get((None, code), [])
-        return self._loaders_built.get((self._binding(code, tuple(self.ctx.path)), code), [])
+            return state.loaders_built.get((None, code), [])
+        return state.loaders_built.get((self._binding(code, tuple(self.ctx.path)), code), [])
 
     def _binding(self, name: str, scope: tuple[str, ...]) -> tuple[str, ...]:
         """The scope whose ``name`` a statement in ``scope`` reads (a class body's names are
         not seen from its methods)."""
         for depth in range(len(scope), -1, -1):
             outer = scope[:depth]
-            if depth < len(scope) and outer in self._class_scopes:
+            if depth < len(scope) and outer in self._batch_shapes.class_scopes:
                 continue
-            if name in self._assigned_in.get(outer, ()):
+            if name in self._batch_shapes.assigned_in.get(outer, ()):
                 return outer
         return ()
 
@@ -352,7 +367,8 @@ class BatchShapeMixin(TransformerBase):
         if built == here:
             return True
         if name == "self":  # two methods of one class
-            return len(built) > 1 and built[:-1] == here[:-1] and here[:-1] in self._class_scopes
+            return len(built) > 1 and built[:-1] == here[:-1] \
+                and here[:-1] in self._batch_shapes.class_scopes
         return self._binding(name, built) == self._binding(name, here)
 
     def _find_loaders(self, body, scope: tuple[str, ...]) -> None:
@@ -364,24 +380,25 @@ class BatchShapeMixin(TransformerBase):
                         for target in small.targets:
                             self._loader_assignment(target.target, small.value, scope)
                     elif isinstance(small, (cst.AnnAssign, cst.AugAssign)):
-                        self._assigned_in.setdefault(scope, set()).update(
+                        self._batch_shapes.assigned_in.setdefault(scope, set()).update(
                             _target_names(small.target))
                 continue
             inner = scope
             if isinstance(stmt, cst.ClassDef):
                 inner = (*scope, stmt.name.value)
-                self._class_scopes.add(inner)
+                self._batch_shapes.class_scopes.add(inner)
             elif isinstance(stmt, cst.FunctionDef):
                 inner = (*scope, stmt.name.value)
                 params = stmt.params
-                self._assigned_in.setdefault(inner, set()).update(
+                self._batch_shapes.assigned_in.setdefault(inner, set()).update(
                     p.name.value for p in (*params.posonly_params, *params.params,
                                            *params.kwonly_params))
                 for star in (params.star_arg, params.star_kwarg):
                     if isinstance(star, cst.Param):
-                        self._assigned_in[inner].add(star.name.value)
+                        self._batch_shapes.assigned_in[inner].add(star.name.value)
             if isinstance(stmt, cst.For):
-                self._assigned_in.setdefault(scope, set()).update(_target_names(stmt.target))
+                self._batch_shapes.assigned_in.setdefault(scope, set()).update(
+                    _target_names(stmt.target))
             for suite in _suites(stmt):
                 self._find_loaders(suite, inner)
 
@@ -392,31 +409,33 @@ class BatchShapeMixin(TransformerBase):
             for part, val in zip(target.elements, value.elements):
                 self._loader_assignment(part.value, val.value, scope)
             return
-        self._assigned_in.setdefault(scope, set()).update(_target_names(target))
+        self._batch_shapes.assigned_in.setdefault(scope, set()).update(_target_names(target))
         code = dotted_name(target)
         if code is None or not isinstance(value, cst.Call) or not self._may_be_loader(value) \
                 or not self.rules.match("dataloaders", self._qual(value.func)):
             return
         key = (None, code) if isinstance(target, cst.Attribute) else (scope, code)
-        self._loaders_built.setdefault(key, []).append(_built(value, scope))
+        self._batch_shapes.loaders_built.setdefault(key, []).append(_built(value, scope))
 
     def _may_be_loader(self, call: cst.Call) -> bool:
         """A cheap test before the qualified name: is the callee named like a DataLoader?"""
-        if self._loader_names is None:
-            self._loader_names = {n.rsplit(".", 1)[-1] for n in self.rules.names("dataloaders")}
-        if any(not n.isidentifier() for n in self._loader_names):  # a pattern: no shortcut
+        state = self._batch_shapes
+        if state.loader_names is None:
+            state.loader_names = {n.rsplit(".", 1)[-1] for n in self.rules.names("dataloaders")}
+        if any(not n.isidentifier() for n in state.loader_names):  # a pattern: no shortcut
             return True
         func = call.func
         name = func.attr if isinstance(func, cst.Attribute) else func
-        return isinstance(name, cst.Name) and name.value in self._loader_names
+        return isinstance(name, cst.Name) and name.value in state.loader_names
 
     def _all_batch_sizes(self) -> set[str]:
         """The batch sizes of every DataLoader built in the file."""
-        if self._batch_size_names is None:
+        state = self._batch_shapes
+        if state.batch_size_names is None:
             self._builds_of(None)
-            self._batch_size_names = {b.batch_size for builds in self._loaders_built.values()
+            state.batch_size_names = {b.batch_size for builds in state.loaders_built.values()
                                       for b in builds if b.batch_size is not None}
-        return self._batch_size_names
+        return state.batch_size_names
 
     # ------------------------------------------------------------ the shapes
     def _batch_shape_call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
@@ -424,10 +443,10 @@ class BatchShapeMixin(TransformerBase):
         DataLoader → ``torch.ones(images.size(0), 1)``, or a note when not provable."""
         if self._qual(original.func) in _PARAMETERS and original.args:
             self._report_sized_parameter(original, updated)
-        if not self._batch_loops or self._batch_loops[-1].scope != len(self.ctx.scopes) \
-                or self._lambdas:
+        state = self._batch_shapes
+        if not state.loops or state.loops[-1].scope != len(self.ctx.scopes) or state.lambdas:
             return updated
-        loop = self._batch_loops[-1]
+        loop = state.loops[-1]
         shape = self._shape_of(original)
         if shape is None:
             return updated
