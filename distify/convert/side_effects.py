@@ -29,6 +29,7 @@ import posixpath
 import re
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import libcst as cst
 
@@ -149,54 +150,73 @@ _LOGGERISH = re.compile(r"[A-Z]\w*(Logger|Writer|Visualizer|Tracker)")
 _STDLIB = frozenset(getattr(sys, "stdlib_module_names", ())) | {"logging", "csv", "io", "codecs"}
 
 
+@dataclass(slots=True)
+class SideEffectState:
+    """What :class:`SideEffectMixin` keeps while it walks one module (``self._side_effects``)."""
+
+    #: the module as written (its smoke test and downloading functions are read from it)
+    module: cst.Module
+    #: the file's classes whose instances log or track (see :func:`_tracker_classes`)
+    trackers: set[str]
+    #: ids of the calls inside ``except`` blocks
+    handler_calls: set[int] = field(default_factory=set)
+    #: download units around the node that run on the main process alone
+    in_download: int = 0
+    #: id of a download unit's first statement as written → the unit
+    unit_starts: dict[int, DownloadUnit] = field(default_factory=dict)
+    #: id of each statement of a download unit, as written → the unit
+    unit_of: dict[int, DownloadUnit] = field(default_factory=dict)
+    #: ids of the units inside another one: part of it
+    nested_units: set[int] = field(default_factory=set)
+    #: ids of the calls of a model file's smoke test (see ``_smoke_test_calls``); None until asked
+    smoke_calls: set[int] | None = None
+    #: the local functions whose body downloads; None until the first download asks
+    downloading_functions: set[str] | None = None
+
+
 class SideEffectMixin(TransformerBase):
+    _side_effects: SideEffectState
+
     @handles("visit_Module")
     def _side_effects_on_module(self, node: cst.Module) -> None:
-        self._tracker_classes = _tracker_classes(node, self)
-        self._handler_calls: set[int] = set()  # ids of the calls inside `except` blocks
-        self._in_download = 0
-        #: id of a download unit's first statement as written → the unit
-        self._unit_starts: dict[int, DownloadUnit] = {}
-        self._unit_of: dict[int, DownloadUnit] = {}  # id of each statement of a unit
-        self._nested_units: set[int] = set()  # ids of units inside another one: part of it
-        self._download_module = node
-        self._smoke_calls: set[int] | None = None  # see _smoke_test_calls
-        self._downloading_functions: set[str] | None = None  # read on the first download
+        state = self._side_effects = SideEffectState(module=node,
+                                                     trackers=_tracker_classes(node, self))
         if may_download(self.rules, self.facts.imports):
             for unit in download_units(node, self.rules, self.facts.imports):
-                self._unit_starts[id(unit.statements[0])] = unit
+                state.unit_starts[id(unit.statements[0])] = unit
                 for stmt in unit.statements:
-                    self._unit_of[id(stmt)] = unit
-        if self._unit_of:  # only then does a conversion pay for the two hooks below
+                    state.unit_of[id(stmt)] = unit
+        if state.unit_of:  # only then does a conversion pay for the two hooks below
             self.on_visit = self._on_visit_with_downloads  # type: ignore[method-assign]
             self.on_leave = self._on_leave_with_downloads  # type: ignore[method-assign]
 
     def _on_visit_with_downloads(self, node: cst.CSTNode) -> bool:
-        unit = self._unit_of.get(id(node))
-        if unit is not None and self._in_download and self._unit_starts.get(id(node)) is unit:
-            self._nested_units.add(id(unit))
-        if unit is not None and _runs_alone(unit) and id(unit) not in self._nested_units \
+        state = self._side_effects
+        unit = state.unit_of.get(id(node))
+        if unit is not None and state.in_download and state.unit_starts.get(id(node)) is unit:
+            state.nested_units.add(id(unit))
+        if unit is not None and _runs_alone(unit) and id(unit) not in state.nested_units \
                 and "downloads" not in self.skip:
             self.ctx.main_only_depth += 1
-            self._in_download += 1
+            self._side_effects.in_download += 1
         return type(self).on_visit(self, node)
 
     def _on_leave_with_downloads(self, original: cst.CSTNode, updated: cst.CSTNode):
         result = type(self).on_leave(self, original, updated)
-        unit = self._unit_of.get(id(original))
-        if unit is None or id(unit) in self._nested_units:
+        unit = self._side_effects.unit_of.get(id(original))
+        if unit is None or id(unit) in self._side_effects.nested_units:
             return result
         nodes = result.nodes if isinstance(result, cst.FlattenSentinel) else \
             [] if isinstance(result, cst.RemovalSentinel) else [result]
         if "downloads" in self.skip:
-            if self._unit_starts.get(id(original)) is unit and nodes:
+            if self._side_effects.unit_starts.get(id(original)) is unit and nodes:
                 self._skipped("downloads", nodes[0])
         elif _runs_alone(unit):
             self.ctx.main_only_depth -= 1
-            self._in_download -= 1
+            self._side_effects.in_download -= 1
             for new in nodes:
                 self.ctx.unit_outputs[id(new)] = (new, unit)
-        elif self._unit_starts.get(id(original)) is unit and nodes:
+        elif self._side_effects.unit_starts.get(id(original)) is unit and nodes:
             self._report_download(nodes[0], unit)
         return result
 
@@ -213,7 +233,7 @@ class SideEffectMixin(TransformerBase):
     @handles("visit_Try")
     def _side_effects_on_try(self, node: cst.Try) -> None:
         for handler in node.handlers:
-            self._handler_calls.update(_call_ids(handler.body))
+            self._side_effects.handler_calls.update(_call_ids(handler.body))
 
     def _rewrite_side_effect_call(self, original: cst.Call, updated: cst.Call,
                                   qual: str) -> cst.BaseExpression | None:
@@ -224,7 +244,7 @@ class SideEffectMixin(TransformerBase):
                 return None
             return self._retarget(updated, "print", "print", "print on the main process only",
                                   original)
-        if qual in _OPENS and self._is_open(original.func) and not self._in_download:
+        if qual in _OPENS and self._is_open(original.func) and not self._side_effects.in_download:
             new = self._runtime_open(original, updated)
             if new is not None:
                 return new
@@ -326,7 +346,7 @@ class SideEffectMixin(TransformerBase):
         if not isinstance(call, cst.Call):
             return None
         callee = self.facts.imports.cst_loose_qualname(call.func)
-        if callee in self._tracker_classes:
+        if callee in self._side_effects.trackers:
             return "tracker"
         if callee is None or self.rules.match("saves", callee) \
                 or self.rules.match("side_effects", callee) is None or self._is_open(call.func):
@@ -335,7 +355,8 @@ class SideEffectMixin(TransformerBase):
         entry = side_effect(self.rules, callee, shape)
         if entry is None:
             return None
-        if entry.get("errors_stay") and (not self.ctx.loops or id(call) in self._handler_calls
+        if entry.get("errors_stay") and (not self.ctx.loops
+                                         or id(call) in self._side_effects.handler_calls
                                          or not _progress_line(call)):
             return None  # an error or a per-process line (not a progress line): every process
             # shows it
@@ -606,13 +627,13 @@ class SideEffectMixin(TransformerBase):
         (no backward, optimizer or DataLoader), its ``if __name__ == "__main__":`` block and
         the functions only that block calls (``test()``, which prints a forward's shape). Run
         as a script it is one process; imported, the block does not run."""
-        if self._smoke_calls is None:
-            self._smoke_calls = set()
+        if self._side_effects.smoke_calls is None:
+            self._side_effects.smoke_calls = set()
             training = self.facts.training
             if training.backward_count or any(training.optimizer_models.values()) \
                     or self.facts.builds_loaders:
-                return self._smoke_calls
-            module = self._download_module
+                return self._side_effects.smoke_calls
+            module = self._side_effects.module
             guards = [s for s in module.body if isinstance(s, cst.If) and _is_main_guard(s)]
             called = {c.func.value for g in guards for c in calls_in(g)
                       if isinstance(c.func, cst.Name)}
@@ -621,8 +642,9 @@ class SideEffectMixin(TransformerBase):
                     if not (isinstance(s, cst.FunctionDef) and n is s.name)}
             tests = [s for s in rest if isinstance(s, cst.FunctionDef)
                      and s.name.value in called - used]
-            self._smoke_calls = {id(c) for part in (*guards, *tests) for c in calls_in(part)}
-        return self._smoke_calls
+            self._side_effects.smoke_calls = {id(c) for part in (*guards, *tests)
+                                              for c in calls_in(part)}
+        return self._side_effects.smoke_calls
 
     def _downloads_here(self, call: cst.Call, qual: str | None) -> bool:
         """A data set built with ``download=...`` (not False), or one that downloads itself."""
@@ -636,11 +658,11 @@ class SideEffectMixin(TransformerBase):
         name = local_callee(call.func)
         if name is None:
             return False
-        if self._downloading_functions is None:
-            self._downloading_functions = {
-                d.name.value for d in nodes_in(self._download_module, cst.FunctionDef)
+        if self._side_effects.downloading_functions is None:
+            self._side_effects.downloading_functions = {
+                d.name.value for d in nodes_in(self._side_effects.module, cst.FunctionDef)
                 if any(self._downloads_here(c, self._qual(c.func)) for c in calls_in(d.body))}
-        return name in self._downloading_functions
+        return name in self._side_effects.downloading_functions
 
     def _quiet_other_ranks(self, call: cst.Call) -> cst.Call:
         func = call.func  # `logging.basicConfig` → `logging.WARNING`; else the level's name
