@@ -95,53 +95,74 @@ class _Count:
     split: bool
 
 
+@dataclass(slots=True)
+class AccumulationState:
+    """What :class:`AccumulationMixin` keeps while it walks one module (``self._accumulation``)."""
+
+    #: id of each micro-step loop as written → what it accumulates
+    micro_steps: dict[int, _MicroSteps] = field(default_factory=dict)
+    #: micro-step loops being rewritten around the node
+    micro_depth: int = 0
+    #: id of the node where sums of micro-steps are read → the sums to average there
+    reduce_at: dict[int, list[str]] = field(default_factory=dict)
+    #: each micro-step count set once in the file → its line and what it stands for
+    counts: dict[str, _Count] = field(default_factory=dict)
+    #: id of the line that sets a count → (the count's name, it)
+    count_of_line: dict[int, tuple[str, _Count]] = field(default_factory=dict)
+    #: ids of the lines after a micro-step loop that use its last loss
+    last_loss_lines: set[int] = field(default_factory=set)
+    #: (line, about the loss?) already noted: a product with the count, said once a line
+    noted_lines: set[tuple[int, bool]] = field(default_factory=set)
+    #: the notes for the line being left
+    line_notes: list[str] = field(default_factory=list)
+    #: the names of the micro-steps' losses
+    losses: set[str] = field(default_factory=set)
+    #: id of a line setting a throughput counter over per-process batches → the counter's
+    #: name (:mod:`.throughput`)
+    counter_lines: dict[int, str] = field(default_factory=dict)
+    #: ids of the micro-step loops left as written (``--skip accumulation``): plain loops
+    skipped_micro: set[int] = field(default_factory=set)
+
+
 class AccumulationMixin(TransformerBase):
+    _accumulation: AccumulationState
+
     @handles("visit_Module")
     def _accumulation_on_module(self, node: cst.Module) -> None:
+        state = self._accumulation = AccumulationState()
         finder = _MicroStepFinder()
         walk(node, finder)
-        self._micro_steps: dict[int, _MicroSteps] = {id(loop): found
-                                                     for loop, found in finder.loops}
-        self._micro_depth = 0  # micro-step loops being rewritten
-        self._reduce_at: dict[int, list[str]] = {}
-        for found in self._micro_steps.values():
+        state.micro_steps = {id(loop): found for loop, found in finder.loops}
+        for found in state.micro_steps.values():
             for name, where in found.sums.items():
                 if where is not None:
-                    self._reduce_at.setdefault(id(where), []).append(name)
-        for found in self._micro_steps.values():
+                    state.reduce_at.setdefault(id(where), []).append(name)
+        for found in state.micro_steps.values():
             found.sharded = self._shards_batches(found, node)
-        self._counts = _count_lines(node, {f.count for f in self._micro_steps.values()})
-        for name, count in self._counts.items():  # shared out only where the data is
-            count.split = count.split and all(f.sharded for f in self._micro_steps.values()
+        state.counts = _count_lines(node, {f.count for f in state.micro_steps.values()})
+        for name, count in state.counts.items():  # shared out only where the data is
+            count.split = count.split and all(f.sharded for f in state.micro_steps.values()
                                               if f.count == name)
-        self._count_of_line = {id(c.line): (name, c) for name, c in self._counts.items()}
-        self._last_loss_lines = {id(line) for found in self._micro_steps.values()
+        state.count_of_line = {id(c.line): (name, c) for name, c in state.counts.items()}
+        state.last_loss_lines = {id(line) for found in state.micro_steps.values()
                                  for line in found.last_loss}
-        #: (line, about the loss?) already noted: a product with the count, said once a line
-        self._noted_lines: set[tuple[int, bool]] = set()
-        self._line_notes: list[str] = []  # for the line being left
-        self._losses = {name for found in self._micro_steps.values() for name in found.losses}
+        state.losses = {name for found in state.micro_steps.values() for name in found.losses}
         loaders = _LoaderNames(self)
         walk(node, loaders)
         fed: set[int] = set()
         for flow in (self.ctx.draw_flow, self.ctx.stream_flow):
             if flow is not None:
                 fed |= flow.fed_backwards
-        #: lines setting a throughput counter over per-process batches (:mod:`.throughput`)
-        self._counter_lines = counter_lines(node, loaders.loaders, loaders.iterators, fed,
-                                            {f.count for f in self._micro_steps.values()})
-        #: micro-step loops left as written (``--skip accumulation``): plain loops from here on
-        self._skipped_micro: set[int] = set()
-        if "accumulation" in self.skip:
-            self._skipped_micro = set(self._micro_steps)
-            self._micro_steps, self._reduce_at, self._counts, self._count_of_line = {}, {}, {}, {}
-            self._last_loss_lines, self._losses, self._counter_lines = set(), set(), {}
+        state.counter_lines = counter_lines(node, loaders.loaders, loaders.iterators, fed,
+                                            {f.count for f in state.micro_steps.values()})
+        if "accumulation" in self.skip:  # the micro-step loops are plain loops from here on
+            self._accumulation = AccumulationState(skipped_micro=set(state.micro_steps))
 
     @handles("leave_Module")
     def _accumulation_after_module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
         """The report's batch-size line: with the count shared out, the per-process batch is
         a micro-batch's, and an optimizer step keeps the script's total."""
-        split = [name for name, count in self._counts.items() if count.split]
+        split = [name for name, count in self._accumulation.counts.items() if count.split]
         if split and self.batch_sizes:
             self.batch_sizes = [f"{size} (per micro-step; an optimizer step keeps the "
                                 f"declared total, as `{split[0]}` is shared out)"
@@ -167,21 +188,21 @@ class AccumulationMixin(TransformerBase):
     # ---------------------------------------------------------------- the micro-step loop
     @handles("visit_For")
     def _accumulation_on_for(self, node: cst.For) -> None:
-        found = self._micro_steps.get(id(node))
+        found = self._accumulation.micro_steps.get(id(node))
         if found is not None:
-            self._micro_depth += 1
+            self._accumulation.micro_depth += 1
             if self.ctx.loops:  # averaged where read, or read nowhere: no sum after the loop
                 self.ctx.loops[-1].own_reduce.update(found.sums, found.unread)
 
     @handles("leave_For")
     def _accumulation_after_for(self, original: cst.For, updated: cst.For):
-        found = self._micro_steps.get(id(original))
+        found = self._accumulation.micro_steps.get(id(original))
         if found is None:
-            if id(original) in self._skipped_micro:
+            if id(original) in self._accumulation.skipped_micro:
                 nodes = updated.nodes if isinstance(updated, cst.FlattenSentinel) else [updated]
                 self._skipped("accumulation", nodes[0].target)
             return updated
-        self._micro_depth -= 1
+        self._accumulation.micro_depth -= 1
         # the loop, maybe followed by lines another rewrite adds after it
         nodes = list(updated.nodes) if isinstance(updated, cst.FlattenSentinel) else [updated]
         if not nodes or not isinstance(nodes[0], cst.For):
@@ -198,7 +219,7 @@ class AccumulationMixin(TransformerBase):
     def _sync_last_micro_step(self, loop: cst.For, found: _MicroSteps) -> cst.For:
         sync = cst.SimpleStatementLine([cst.Expr(cst.parse_expression(
             f"{self.rt}.sync_gradients({found.target} == {found.count} - 1)"))])
-        count = self._counts.get(found.count)
+        count = self._accumulation.counts.get(found.count)
         if count is not None and count.split:
             batch = (f"`{found.count}` is shared out over the processes where it is set, so an "
                      "optimizer step covers the single-process batch")
@@ -233,10 +254,10 @@ class AccumulationMixin(TransformerBase):
     def _reduce_where_read(self, original: cst.If, updated: cst.If) -> cst.If:
         """Called by the driver's ``leave_If`` handler: the sums read only in this ``if`` are
         averaged at its top."""
-        names = self._reduce_at.get(id(original))
+        names = self._accumulation.reduce_at.get(id(original))
         if not names or not isinstance(updated.body, cst.IndentedBlock):
             return updated
-        found = next(f for f in self._micro_steps.values() if names[0] in f.sums)
+        found = next(f for f in self._accumulation.micro_steps.values() if names[0] in f.sums)
         lines = [self._mean_line(name, found) for name in names]
         self._collective_placed()
         body = updated.body
@@ -248,10 +269,10 @@ class AccumulationMixin(TransformerBase):
         if not isinstance(updated, cst.Assign) or not self.ctx.statements:
             return updated
         line = self.ctx.statements[-1]
-        known = self._count_of_line.get(id(line))
+        known = self._accumulation.count_of_line.get(id(line))
         if known is not None and known[1].split:
             self._split_count(known[0], updated)
-        if id(line) in self._last_loss_lines:
+        if id(line) in self._accumulation.last_loss_lines:
             self._note_last_loss(updated)
         return self._count_all_processes(updated)
 
@@ -266,7 +287,7 @@ class AccumulationMixin(TransformerBase):
         share = cst.SimpleStatementLine([cst.Assign(
             targets=[cst.AssignTarget(cst.parse_expression(count))],
             value=cst.parse_expression(f"{self.rt}.split_accumulation({count})"))])
-        comment = self._counts[count].line.trailing_whitespace.comment
+        comment = self._accumulation.counts[count].line.trailing_whitespace.comment
         why = (f"is derived from a declared total batch (`{_short(_code(assign.value))}`)"
                if _has_floor_division(assign.value) else
                f"stands for a total batch (its comment: `{_short(comment.value.lstrip('# '))}`)")
@@ -280,16 +301,17 @@ class AccumulationMixin(TransformerBase):
                                              updated: cst.BinaryOperation) -> cst.BaseExpression:
         """A product with the count left as it is (``estimate_mfu(batch_size * n, dt)``, a
         tokens/sec in a print) counts one process's share: said on its line, once."""
+        state = self._accumulation
         line = self.ctx.statements[-1] if self.ctx.statements else None
-        counts = {f.count for f in self._micro_steps.values() if f.sharded}
-        if (line is None or self._micro_depth or id(line) in self._last_loss_lines
-                or id(line) in self._count_of_line or not set(_factors(original)) & counts
+        counts = {f.count for f in state.micro_steps.values() if f.sharded}
+        if (line is None or state.micro_depth or id(line) in state.last_loss_lines
+                or id(line) in state.count_of_line or not set(_factors(original)) & counts
                 or _is_counter_line(line)):
             return updated
-        loss = bool(_names_in(original) & self._losses)
-        if (id(line), loss) in self._noted_lines:
+        loss = bool(_names_in(original) & state.losses)
+        if (id(line), loss) in state.noted_lines:
             return updated
-        self._noted_lines.add((id(line), loss))
+        state.noted_lines.add((id(line), loss))
         what = _short(_code(original))
         if loss:
             message = (f"`{what}`: the last micro-batch's loss of this process (on the console, "
@@ -297,17 +319,17 @@ class AccumulationMixin(TransformerBase):
         else:
             message = (f"`{what}` counts this process's share of an optimizer step (all "
                        f"processes: × `{self.rt}.world_size()`)")
-        self._line_notes.append(message)
+        state.line_notes.append(message)
         return updated
 
     def _note_on_line(self, original: cst.SimpleStatementLine,
                       updated: cst.SimpleStatementLine) -> None:
         """Called by the driver's ``leave_SimpleStatementLine`` handler: the notes about parts of
         this line go on the line itself (a rewrite of the line may rebuild its parts)."""
-        for message in self._line_notes:
+        for message in self._accumulation.line_notes:
             self._edit(updated, "accumulation", message)
-        self._line_notes = []
-        counter = self._counter_lines.get(id(original))
+        self._accumulation.line_notes = []
+        counter = self._accumulation.counter_lines.get(id(original))
         if counter is not None:
             self._edit(updated, "throughput", f"`{counter}` counts this process's share only "
                        "(each process trains on batches of its own): the whole job's is × "
@@ -315,11 +337,11 @@ class AccumulationMixin(TransformerBase):
 
     def _count_all_processes(self, assign: cst.Assign) -> cst.Assign:
         """``tokens_processed = B * T * grad_accum_steps`` → ``... * rt.world_size()``."""
-        if not _is_counter(assign) or not self._micro_steps:
+        if not _is_counter(assign) or not self._accumulation.micro_steps:
             return assign
         name = assign.targets[0].target.value
-        counts = {f.count for f in self._micro_steps.values() if f.sharded}
-        if not (set(_factors(assign.value)) & counts) or self._micro_depth:
+        counts = {f.count for f in self._accumulation.micro_steps.values() if f.sharded}
+        if not (set(_factors(assign.value)) & counts) or self._accumulation.micro_depth:
             return assign
         value = cst.BinaryOperation(left=assign.value, operator=cst.Multiply(),
                                     right=self._rt_call("world_size"))
