@@ -39,7 +39,7 @@ work is left alone. What it does not do: rewrite exits of loops that do not trai
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 import libcst as cst
 
@@ -61,43 +61,64 @@ from distify.convert.syntax import _EQUAL, _code, _leaves_loop, _strip_parens
 _SPACE = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
 
 
+@dataclass(slots=True)
+class StopState:
+    """What :class:`StopMixin` keeps while it walks one module (``self._stops``)."""
+
+    #: local defs, as rewritten (None for a name defined twice)
+    functions: dict[str, cst.FunctionDef | None]
+    #: the calls of those defs, followed (:class:`~distify.analysis.stops.FileFunctions`)
+    file_functions: FileFunctions
+    #: every def of the file as written (None for a name defined twice): a function that may
+    #: end the process is followed even when it is defined below the loop that calls it
+    #: (``main()`` above ``sanity_check``); its tests move to the rewritten def when it is left
+    originals: dict[str, cst.FunctionDef | None]
+    #: the calls of the defs as rewritten, or as written where not rewritten yet
+    exits: FileFunctions
+    #: the names of the functions that train (call a backward)
+    training_functions: frozenset[str]
+    #: ids of the loop nests with an exit to decide
+    nests_with_exits: set[int] = field(default_factory=set)
+    #: nests with a collective in a branch (an ``if``, a handler, a ``match`` case) inside
+    #: them: their ``if`` tests are analysed even without exits
+    gated_nests: set[int] = field(default_factory=set)
+    #: branches around the node being visited
+    branch_depth: int = 0
+    #: ... around the current nest's outermost loop
+    nest_branch_base: int = 0
+    #: tests in local functions that the nests call (``sanity_check(x)``'s ``if ...:
+    #: sys.exit(0)``), decided in ``_stops_after_module`` once every call is known: the test's
+    #: node → (its decision, the calls of training loops that reach it)
+    function_stops: dict[int, tuple[Stop, list[cst.Call]]] = field(default_factory=dict)
+    #: ... found in a def not left yet, as written
+    written: set[int] = field(default_factory=set)
+    #: how many times the file calls each name (``f(...)``, ``self.f(...)``): counted in
+    #: ``_stops_after_module``, only for a file with such tests
+    calls_of: dict[str, int] = field(default_factory=dict)
+
+
 class StopMixin(TransformerBase):
+    _stops: StopState
+
     @handles("visit_Module")
     def _stops_on_module(self, node: cst.Module) -> None:
-        self._nests_with_exits: set[int] = set()
-        self._functions: dict[str, cst.FunctionDef | None] = {}  # local defs, as rewritten
-        self._file_functions = FileFunctions(self.rt, self._functions)
-        #: every def of the file as written (None for a name defined twice): a function that
-        #: may end the process is followed even when it is defined below the loop that calls
-        #: it (``main()`` above ``sanity_check``); its tests move to the rewritten def when
-        #: it is left
-        self._originals: dict[str, cst.FunctionDef | None] = {}
+        functions: dict[str, cst.FunctionDef | None] = {}
+        originals: dict[str, cst.FunctionDef | None] = {}
         for definition in _definitions(node):
             name = definition.name.value
-            self._originals[name] = None if name in self._originals else definition
-        self._exits = FileFunctions(self.rt, _Either(self._functions, self._originals))
-        #: nests with a collective in a branch (an ``if``, a handler, a ``match`` case) inside
-        #: them: their ``if`` tests are analysed even without exits
-        self._gated_nests: set[int] = set()
-        self._branch_depth = 0  # branches around the node being visited
-        self._nest_branch_base = 0  # ... around the current nest's outermost loop
-        self._training_functions = frozenset(
-            path[-1] for path in self.facts.training.backward_scopes if path)
-        #: tests in local functions that the nests call (``sanity_check(x)``'s ``if ...:
-        #: sys.exit(0)``), decided in :meth:`_stops_after_module` once every call is known:
-        #: the test's node → (its decision, the calls of training loops that reach it)
-        self._function_stops: dict[int, tuple[Stop, list[cst.Call]]] = {}
-        self._written: set[int] = set()  # ... found in a def not left yet, as written
-        #: how many times the file calls each name (``f(...)``, ``self.f(...)``): counted in
-        #: :meth:`_stops_after_module`, only for a file with such tests
-        self._calls_of: dict[str, int] = {}
+            originals[name] = None if name in originals else definition
+        self._stops = StopState(
+            functions=functions, file_functions=FileFunctions(self.rt, functions),
+            originals=originals, exits=FileFunctions(self.rt, _Either(functions, originals)),
+            training_functions=frozenset(
+                path[-1] for path in self.facts.training.backward_scopes if path))
 
     @handles("leave_FunctionDef")
     def _stops_after_function_def(self, original: cst.FunctionDef, updated: cst.FunctionDef):
         """Record the def as rewritten (before the scope bookkeeping leaves it)."""
         name = updated.name.value
         # two functions of one name (methods of two classes): neither is known to agree
-        self._functions[name] = None if name in self._functions else updated
+        self._stops.functions[name] = None if name in self._stops.functions else updated
         return updated
 
     @handles("leave_FunctionDef")
@@ -105,7 +126,7 @@ class StopMixin(TransformerBase):
         """Move the tests found in the def as written to the rewritten def (after the scope
         bookkeeping left it)."""
         if isinstance(updated, cst.FunctionDef) and \
-                self._originals.get(updated.name.value) is original:
+                self._stops.originals.get(updated.name.value) is original:
             self._move_tests(updated.name.value, updated)
         return updated
 
@@ -113,10 +134,10 @@ class StopMixin(TransformerBase):
         """The tests found in ``name`` as written (it is defined below a loop that calls it),
         moved to the same tests in its rewritten def (found by their code); one not found
         there once is reported instead."""
-        for key, (stop, calls) in list(self._function_stops.items()):
-            if stop.function != name or key not in self._written:
+        for key, (stop, calls) in list(self._stops.function_stops.items()):
+            if stop.function != name or key not in self._stops.written:
                 continue
-            self._written.discard(key)
+            self._stops.written.discard(key)
             code = _code(stop.test)
             tests = [n for n in nodes_in(rewritten, cst.If) if _code(n.test) == code]
             operand = None
@@ -124,58 +145,58 @@ class StopMixin(TransformerBase):
                 wanted = _code(stop.operand)
                 operand = next((n for n in nodes_in(tests[0].test, type(stop.operand))
                                 if _code(n) == wanted), None)
-            del self._function_stops[key]
+            del self._stops.function_stops[key]
             if len(tests) != 1 or (stop.operand is not None and operand is None):
                 stop = replace(stop, action="note", why=f"`{name}` was rewritten around it")
-                self._function_stops[key] = (stop, calls)
+                self._stops.function_stops[key] = (stop, calls)
                 continue
             moved = replace(stop, node=tests[0], test=tests[0].test, operand=operand)
-            self._function_stops[id(tests[0])] = (moved, calls)
+            self._stops.function_stops[id(tests[0])] = (moved, calls)
 
     def _agrees(self, name: str) -> bool:
         """Does the local function ``name`` (defined above, as rewritten) return a value equal
         on every process?"""
-        return self._file_functions.agrees(name, self._nest_context())
+        return self._stops.file_functions.agrees(name, self._nest_context())
 
     def _collective(self, call: cst.Call) -> bool:
         """Does ``call`` reach a collective: a runtime collective, or a local function (defined
         above, as rewritten) whose body calls one (an ``evaluate()`` whose sums were reduced)?"""
-        return self._file_functions.collective(call)
+        return self._stops.file_functions.collective(call)
 
     def _collective_placed(self, call: cst.CSTNode | None = None) -> None:
-        if not self.ctx.loops or self._branch_depth <= self._nest_branch_base:
+        if not self.ctx.loops or self._stops.branch_depth <= self._stops.nest_branch_base:
             return
         if call is None or (isinstance(call, cst.Call) and (
                 self._collective(call) or any(isinstance(arg.value, cst.Call)
                                               and self._collective(arg.value)
                                               for arg in call.args))):
-            self._gated_nests.add(id(self.ctx.loops[0]))
+            self._stops.gated_nests.add(id(self.ctx.loops[0]))
 
     def _branch_left(self) -> None:
-        self._branch_depth -= 1
+        self._stops.branch_depth -= 1
 
     @handles("visit_ExceptHandler")
     def _stops_on_except_handler(self, node: cst.ExceptHandler) -> None:
-        self._branch_depth += 1
+        self._stops.branch_depth += 1
 
     @handles("leave_ExceptHandler")
     def _stops_after_except_handler(self, original: cst.ExceptHandler, updated: cst.ExceptHandler):
-        self._branch_depth -= 1
+        self._stops.branch_depth -= 1
         return updated
 
     @handles("visit_MatchCase")
     def _stops_on_match_case(self, node: cst.MatchCase) -> None:
-        self._branch_depth += 1
+        self._stops.branch_depth += 1
 
     @handles("leave_MatchCase")
     def _stops_after_match_case(self, original: cst.MatchCase, updated: cst.MatchCase):
-        self._branch_depth -= 1
+        self._stops.branch_depth -= 1
         return updated
 
     @handles("visit_For")
     def _stops_on_for(self, node: cst.For) -> None:
         if len(self.ctx.loops) == 1:
-            self._nest_branch_base = self._branch_depth
+            self._stops.nest_branch_base = self._stops.branch_depth
             self._calls_exiting(node)
 
     def _calls_exiting(self, loop: cst.For | cst.While) -> None:
@@ -185,26 +206,26 @@ class StopMixin(TransformerBase):
         loop; a nest analysed for another reason follows every call)."""
         for call in statement_calls(loop.body):
             name = local_callee(call.func)
-            if name is not None and self._exits.exiting(name, self._is_exit):
-                self._nests_with_exits.add(id(self.ctx.loops[0]))
+            if name is not None and self._stops.exits.exiting(name, self._is_exit):
+                self._stops.nests_with_exits.add(id(self.ctx.loops[0]))
                 return
 
     @handles("visit_If")
     def _stops_on_if(self, node: cst.If) -> None:
-        self._branch_depth += 1
+        self._stops.branch_depth += 1
         if self.ctx.loops and (any(
                 _leaves_loop(body, self._ends) or _continues(body)
                 for body in (node.body, node.orelse.body if isinstance(node.orelse, cst.Else)
                              else None) if body is not None) or optimizer_work(node) is not None):
-            self._nests_with_exits.add(id(self.ctx.loops[0]))
+            self._stops.nests_with_exits.add(id(self.ctx.loops[0]))
 
     @handles("visit_While")
     def _stops_on_while(self, node: cst.While) -> None:
         if len(self.ctx.loops) == 1:
-            self._nest_branch_base = self._branch_depth
+            self._stops.nest_branch_base = self._stops.branch_depth
             self._calls_exiting(node)
         if not (isinstance(node.test, cst.Name) and node.test.value == "True"):
-            self._nests_with_exits.add(id(self.ctx.loops[0]))
+            self._stops.nests_with_exits.add(id(self.ctx.loops[0]))
 
     @handles("leave_For")
     def _stops_after_for(self, original: cst.For, updated: cst.For):
@@ -216,23 +237,23 @@ class StopMixin(TransformerBase):
 
     def _decide_stops(self, loop: cst.For | cst.While) -> cst.For | cst.While:
         """At the outermost loop of a function: rewrite or report the exits of the nest."""
-        if len(self.ctx.loops) != 1 or (id(self.ctx.loops[0]) not in self._nests_with_exits
-                                     and id(self.ctx.loops[0]) not in self._gated_nests):
+        if len(self.ctx.loops) != 1 or (id(self.ctx.loops[0]) not in self._stops.nests_with_exits
+                                     and id(self.ctx.loops[0]) not in self._stops.gated_nests):
             return loop
-        self._nests_with_exits.discard(id(self.ctx.loops[0]))
+        self._stops.nests_with_exits.discard(id(self.ctx.loops[0]))
         replacements: dict[int, Callable[[cst.CSTNode], cst.CSTNode]] = {}
         for stop in find_stops(loop, self._nest_context()):
             if stop.calls:  # in a function the nest calls: decided with all its calls known
-                if stop.function not in self._functions:  # found in its def as written
-                    self._written.add(id(stop.node))
-                known = self._function_stops.get(id(stop.node))
+                if stop.function not in self._stops.functions:  # found in its def as written
+                    self._stops.written.add(id(stop.node))
+                known = self._stops.function_stops.get(id(stop.node))
                 if known is not None:
                     calls = known[1] + [c for c in stop.calls if all(c is not k
                                                                      for k in known[1])]
                     stop = known[0] if stop.action != "note" else stop
                 else:
                     calls = list(stop.calls)
-                self._function_stops[id(stop.node)] = (stop, calls)
+                self._stops.function_stops[id(stop.node)] = (stop, calls)
                 continue
             if stop.action == "note":
                 self._edit(stop.test, "divergence", self._unsafe_message(stop), human=True)
@@ -279,12 +300,12 @@ class StopMixin(TransformerBase):
         reaches the collective in its test together), else reported at the test."""
         replacements: dict[int, Callable[[cst.CSTNode], cst.CSTNode]] = {}
         decided: dict[int, tuple[Stop, list]] = {}
-        if self._function_stops:
+        if self._stops.function_stops:
             for call in calls_in(original):
                 name = local_callee(call.func)
                 if name is not None:
-                    self._calls_of[name] = self._calls_of.get(name, 0) + 1
-        for stop, calls in self._function_stops.values():
+                    self._stops.calls_of[name] = self._stops.calls_of.get(name, 0) + 1
+        for stop, calls in self._stops.function_stops.values():
             name = stop.function or ""
             if stop.action == "note":
                 self._edit(stop.test, "divergence", self._unsafe_message(stop), human=True)
@@ -294,7 +315,7 @@ class StopMixin(TransformerBase):
             for call in calls:
                 callee = local_callee(call.func) or ""
                 placed[callee] = placed.get(callee, 0) + 1
-            elsewhere, name = max((self._calls_of.get(callee, 0) - count, callee)
+            elsewhere, name = max((self._stops.calls_of.get(callee, 0) - count, callee)
                                   for callee, count in placed.items())
             if elsewhere > 0:
                 self._edit(stop.test, "divergence", self._unsafe_message(replace(
@@ -303,7 +324,7 @@ class StopMixin(TransformerBase):
                     human=True)
                 self._keep_reason(stop, replacements)
                 continue
-            if id(stop.node) in self._written:  # its def was never left: not in the output
+            if id(stop.node) in self._stops.written:  # its def was never left: not in the output
                 self._edit(stop.test, "divergence", self._unsafe_message(replace(
                     stop, action="note", why=f"`{name}` could not be followed")), human=True)
                 continue
@@ -333,15 +354,15 @@ class StopMixin(TransformerBase):
         return NestContext(rt=self.rt, qual=self._qual, is_loader=self._loaderish,
                            is_exit=self._is_exit,
                            is_imported=self.facts.imports.aliases.__contains__,
-                           training_functions=self._training_functions, agrees=self._agrees,
+                           training_functions=self._stops.training_functions, agrees=self._agrees,
                            main_only=self.ctx.main_only_depth > 0, depth=self.ctx.depth,
                            collective=self._collective,
-                           exiting=lambda name: self._exits.exiting(name, self._is_exit),
+                           exiting=lambda name: self._stops.exits.exiting(name, self._is_exit),
                            ends=self._ends)
 
     def _ends(self, call: cst.Call) -> bool:
         """Does ``call`` end the process (``sys.exit(1)``, a local ``die(msg)`` that does)?"""
-        return self._exits.ends(call, self._is_exit)
+        return self._stops.exits.ends(call, self._is_exit)
 
     def _decided(self, stop: Stop) -> tuple[cst.CSTNode, Callable[[cst.CSTNode], cst.CSTNode]]:
         """The node to replace and how, with the report's line."""
