@@ -3,6 +3,7 @@ each LibCST hook runs and in what order; no family defines a hook of its own."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import pkgutil
@@ -18,6 +19,9 @@ from distify.convert.driver import handles, install
 from distify.convert.transformer import DistifyTransformer
 from distify.rules import default_rules
 
+# The download units' bookkeeping: first into and last out of every statement.
+_ON_STATEMENT = "SideEffectMixin._side_effects_on_statement"
+_AFTER_STATEMENT = "SideEffectMixin._side_effects_after_statement"
 # The order each hook runs its handlers in. The chained hooks are the order the mixins' chained
 # ``super()`` calls ran them in before the driver (the deepest base's code first on the way in,
 # the outermost mixin's code last on the way out); changing it changes conversions.
@@ -31,43 +35,51 @@ ORDER = {
     "leave_Module": (
         "StopMixin._stops_after_module", "AccumulationMixin._accumulation_after_module",
         "DistifyTransformer._driver_after_module"),
-    "visit_ClassDef": ("TransformerBase._base_on_class_def",),
-    "leave_ClassDef": ("TransformerBase._base_after_class_def",),
+    "visit_ClassDef": (_ON_STATEMENT, "TransformerBase._base_on_class_def"),
+    "leave_ClassDef": ("TransformerBase._base_after_class_def", _AFTER_STATEMENT),
     "visit_FunctionDef": (
-        "TransformerBase._base_on_function_def", "MeterMixin._meters_on_function_def"),
+        _ON_STATEMENT, "TransformerBase._base_on_function_def",
+        "MeterMixin._meters_on_function_def"),
     "leave_FunctionDef": (
         "StopMixin._stops_after_function_def", "TransformerBase._base_after_function_def",
-        "StopMixin._stops_move_function_tests"),
+        "StopMixin._stops_move_function_tests", _AFTER_STATEMENT),
     "visit_Lambda": ("BatchShapeMixin._batch_shapes_on_lambda",),
     "leave_Lambda": ("BatchShapeMixin._batch_shapes_after_lambda",),
     "visit_IndentedBlock": ("TransformerBase._base_on_indented_block",),
     "leave_IndentedBlock": ("DistifyTransformer._driver_after_indented_block",),
     "visit_For": (
-        "LoopMixin._loops_on_for", "FullBatchMixin._full_batch_on_for",
+        _ON_STATEMENT, "LoopMixin._loops_on_for", "FullBatchMixin._full_batch_on_for",
         "StopMixin._stops_on_for", "CollectedMixin._collected_on_for",
         "BatchShapeMixin._batch_shapes_on_for", "AccumulationMixin._accumulation_on_for"),
     "leave_For": (
         "BatchShapeMixin._batch_shapes_after_for", "StopMixin._stops_after_for",
         "FullBatchMixin._full_batch_after_for", "LoopMixin._loops_after_for",
-        "AccumulationMixin._accumulation_after_for"),
+        "AccumulationMixin._accumulation_after_for", _AFTER_STATEMENT),
     "visit_While": (
-        "LoopMixin._loops_on_while", "FullBatchMixin._full_batch_on_while",
+        _ON_STATEMENT, "LoopMixin._loops_on_while", "FullBatchMixin._full_batch_on_while",
         "StopMixin._stops_on_while"),
     "leave_While": (
         "StopMixin._stops_after_while", "FullBatchMixin._full_batch_after_while",
-        "LoopMixin._loops_after_while"),
-    "visit_If": ("LoopMixin._loops_on_if", "StopMixin._stops_on_if"),
-    "leave_If": ("DistifyTransformer._driver_after_if",),
-    "visit_Try": ("SideEffectMixin._side_effects_on_try",),
+        "LoopMixin._loops_after_while", _AFTER_STATEMENT),
+    "visit_If": (_ON_STATEMENT, "LoopMixin._loops_on_if", "StopMixin._stops_on_if"),
+    "leave_If": ("DistifyTransformer._driver_after_if", _AFTER_STATEMENT),
+    "visit_Try": (_ON_STATEMENT, "SideEffectMixin._side_effects_on_try"),
+    "leave_Try": (_AFTER_STATEMENT,),
+    "visit_TryStar": (_ON_STATEMENT,),
+    "leave_TryStar": (_AFTER_STATEMENT,),
+    "visit_Match": (_ON_STATEMENT,),
+    "leave_Match": (_AFTER_STATEMENT,),
     "visit_ExceptHandler": ("StopMixin._stops_on_except_handler",),
     "leave_ExceptHandler": ("StopMixin._stops_after_except_handler",),
     "visit_MatchCase": ("StopMixin._stops_on_match_case",),
     "leave_MatchCase": ("StopMixin._stops_after_match_case",),
-    "visit_With": ("SideEffectMixin._side_effects_on_with",),
-    "leave_With": ("SideEffectMixin._side_effects_after_with",),
+    "visit_With": (_ON_STATEMENT, "SideEffectMixin._side_effects_on_with"),
+    "leave_With": ("SideEffectMixin._side_effects_after_with", _AFTER_STATEMENT),
     "visit_WithItem": ("LoopMixin._loops_on_with_item",),
-    "visit_SimpleStatementLine": ("DistifyTransformer._driver_on_simple_statement_line",),
-    "leave_SimpleStatementLine": ("DistifyTransformer._driver_after_simple_statement_line",),
+    "visit_SimpleStatementLine": (
+        _ON_STATEMENT, "DistifyTransformer._driver_on_simple_statement_line"),
+    "leave_SimpleStatementLine": (
+        "DistifyTransformer._driver_after_simple_statement_line", _AFTER_STATEMENT),
     "visit_SimpleStatementSuite": ("DistifyTransformer._driver_on_simple_statement_suite",),
     "leave_SimpleStatementSuite": ("DistifyTransformer._driver_after_simple_statement_suite",),
     "visit_Expr": ("DistifyTransformer._driver_on_expr",),
@@ -138,10 +150,12 @@ def test_only_the_driver_and_its_base_define_the_generic_hooks():
     assert defining == set()
 
 
-def test_every_handler_is_in_the_table_under_the_hook_it_handles():
-    listed = {h: hook for hook, handlers in DistifyTransformer.HANDLERS.items() for h in handlers}
-    marked = {value: value.handles for cls in _families() for value in vars(cls).values()
-              if inspect.isfunction(value) and hasattr(value, "handles")}
+def test_every_handler_is_in_the_table_under_the_hooks_it_handles():
+    listed = {(h, hook) for hook, handlers in DistifyTransformer.HANDLERS.items()
+              for h in handlers}
+    marked = {(value, hook) for cls in _families() for value in vars(cls).values()
+              if inspect.isfunction(value) and hasattr(value, "handles")
+              for hook in value.handles}
     assert len(marked) == sum(len(h) for h in ORDER.values())
     assert marked == listed
 
@@ -164,6 +178,8 @@ def test_install_refuses_a_handler_listed_under_another_hook():
         install(Wrong, {"visit_Call": (Wrong._on_name,)})
     with pytest.raises(TypeError, match="not a LibCST hook"):
         install(Wrong, {"visit_Nothing": (Wrong._on_name,)})
+    with pytest.raises(TypeError, match="twice"):
+        install(Wrong, {"visit_Name": (Wrong._on_name, Wrong._on_name)})
 
 
 class _Toy(cst.CSTTransformer):
@@ -274,6 +290,44 @@ def train(epochs):
 """
 
 
+#: each rewrite family's own state after a walk: its one attribute on the transformer → the
+#: dataclass (in the family's module) that holds it
+FAMILY_STATES = {
+    "_accumulation": "distify.convert.accumulation.AccumulationState",
+    "_batch_shapes": "distify.convert.batch_shapes.BatchShapeState",
+    "_full_batch": "distify.convert.full_batch.FullBatchState",
+    "_meters": "distify.convert.meters.MeterState",
+    "_side_effects": "distify.convert.side_effects.SideEffectState",
+    "_stops": "distify.convert.stops.StopState",
+}
+#: a download unit run on the main process only: the statements' download bookkeeping runs
+DOWNLOADING = TRAINING + """\
+import urllib.request
+urllib.request.urlretrieve("https://example.com/d.tgz", "d.tgz")
+"""
+
+
+@pytest.mark.parametrize("source", [TRAINING, DOWNLOADING], ids=["training", "download-unit"])
+def test_after_a_walk_the_transformer_holds_no_familys_loose_fields(source):
+    """Its inputs, the results the engine reads, the context, and one state object per family;
+    no family's fields, and no hook a family put on the instance."""
+    transformer, module = _transformer(source)
+    output = module.visit(transformer).code
+    assert "rt.backward(loss)" in output
+    assert ("main_process_first" in output) == (source is DOWNLOADING)
+    own = set(vars(transformer)) - set(vars(cst.CSTTransformer()))  # LibCST's `metadata`
+    assert own == {"facts", "rules", "rt", "skip", "ctx", "edits", "first_touched",
+                   "batch_sizes", "own_mixed_precision", *FAMILY_STATES}
+    first = {}
+    for attr, name in FAMILY_STATES.items():
+        state = first[attr] = getattr(transformer, attr)
+        assert f"{type(state).__module__}.{type(state).__qualname__}" == name
+        assert dataclasses.is_dataclass(state)
+        assert not hasattr(state, "__dict__"), name  # slots: a misspelt field cannot be set
+    module.visit(transformer)
+    assert [a for a in FAMILY_STATES if getattr(transformer, a) is first[a]] == []  # made anew
+
+
 def test_a_walk_leaves_a_fresh_context_balanced():
     transformer, module = _transformer(TRAINING)
     before = transformer.ctx
@@ -315,13 +369,15 @@ def _self_fields(path) -> tuple[set[str], set[str]]:
 
 
 def test_a_familys_own_state_is_read_by_that_family_only():
-    """What more than one family reads is in the context; a field a family keeps on the
-    transformer (its whole-file analyses) is read in its own module only."""
+    """What more than one family reads is in the context; what one family keeps (its whole-file
+    analyses, its own stacks) is in its one state object, set in and read by its module only."""
     from pathlib import Path
 
     folder = Path(distify.convert.__file__).parent
     fields = {path.name: _self_fields(path) for path in folder.glob("*.py")}
-    assert sum(len(stored) for stored, _ in fields.values()) > 5  # the families' own state
+    stored = {name: own for name, (own, _) in fields.items() if own}
+    assert stored == {f"{name.split('.')[-2]}.py": {attr}
+                      for attr, name in FAMILY_STATES.items()}
     crossing = {(name, owner, reader) for owner, (stored, _) in fields.items() for name in stored
                 for reader, (_, read) in fields.items() if reader != owner and name in read}
     assert crossing == set()

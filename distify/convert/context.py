@@ -2,9 +2,12 @@
 walked, in one object the driver makes per module (``self.ctx`` in every handler).
 
 Every field more than one family reads or writes is here. What only one family reads (its
-whole-file analyses and its own stacks, set up in its ``visit_Module`` handler) stays with that
-family, on the transformer, and is read in that family's module only (``tests/test_driver.py``
-checks both).
+whole-file analyses and its own stacks) is in that family's one state object, a dataclass of its
+module made anew in its ``visit_Module`` handler (``self._stops``, a :class:`~.stops.StopState`),
+set and read in that module only; the transformer holds no family's loose fields
+(``tests/test_driver.py`` checks all three). One attribute per family rather than a table of
+states in the context: one attribute lookup, as before, and each typed where its family declares
+it.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@ handlers for its type, in an order written down in one table.
 
 LibCST calls ``visit_<Node>`` before a node's children and ``leave_<Node>`` after them. No rewrite
 family defines those hooks: each marks its per-node handlers with :func:`handles`
-(``_loops_on_for``, ``_stops_after_while``), and the driver,
+(``_loops_on_for``, ``_stops_after_while``; one handler may handle several hooks: the
+download units' bookkeeping runs for every kind of statement), and the driver,
 :class:`~distify.convert.transformer.DistifyTransformer`, lists them per hook in its ``HANDLERS``
 table, in the order they run. :func:`install` makes the driver's hooks from that table once, when
 the class is created:
@@ -30,12 +31,13 @@ import libcst as cst
 _Handler = TypeVar("_Handler", bound=Callable[..., Any])
 
 
-def handles(hook: str) -> Callable[[_Handler], _Handler]:
-    """Mark a rewrite family's method as a handler of the LibCST hook ``hook``
-    (``"visit_For"``, ``"leave_Assign"``); the driver's table says when it runs."""
+def handles(*hooks: str) -> Callable[[_Handler], _Handler]:
+    """Mark a rewrite family's method as a handler of the LibCST hooks ``hooks``
+    (``"visit_For"``, ``"leave_Assign"``; one in most cases); the driver's table says when it
+    runs."""
 
     def mark(handler: _Handler) -> _Handler:
-        handler.handles = hook  # type: ignore[attr-defined]
+        handler.handles = hooks  # type: ignore[attr-defined]
         return handler
 
     return mark
@@ -48,19 +50,17 @@ def install(cls: type, table: Mapping[str, tuple[Callable[..., Any], ...]]) -> N
         if name.startswith(("visit_", "leave_")) and name not in table \
                 and getattr(cls, name) is not getattr(cst.CSTTransformer, name, None):
             setattr(cls, name, getattr(cst.CSTTransformer, name))
-    seen: set[Callable[..., Any]] = set()
     for hook, handlers in table.items():
         kind, _, node = hook.partition("_")
         if kind not in ("visit", "leave") or not isinstance(getattr(cst, node, None), type):
             raise TypeError(f"{cls.__name__}.HANDLERS: {hook!r} is not a LibCST hook")
         for handler in handlers:
-            marked = getattr(handler, "handles", None)
-            if marked != hook:
+            marked = getattr(handler, "handles", ())
+            if hook not in marked:
                 raise TypeError(f"{cls.__name__}.HANDLERS[{hook!r}] lists {handler.__qualname__}, "
-                                f"which handles {marked!r}")
-            if handler in seen:
-                raise TypeError(f"{cls.__name__}.HANDLERS lists {handler.__qualname__} twice")
-            seen.add(handler)
+                                f"which handles {', '.join(map(repr, marked)) or 'nothing'}")
+        if len(set(handlers)) < len(handlers):
+            raise TypeError(f"{cls.__name__}.HANDLERS[{hook!r}] lists a handler twice")
         setattr(cls, hook, _visit_hook(handlers) if kind == "visit" else _leave_hook(handlers))
 
 

@@ -145,6 +145,9 @@ def _spelled(node: ast.expr) -> str | None:
     return _opaque(node)
 
 
+#: the node types a statement of a block can be (a download unit's statements are)
+STATEMENT_KINDS = ("SimpleStatementLine", "If", "For", "While", "With", "Try", "TryStar",
+                   "FunctionDef", "ClassDef", "Match")
 #: unknown classes whose names say they log (``Logger``, ``SummaryLogger``, ``EventWriter``)
 _LOGGERISH = re.compile(r"[A-Z]\w*(Logger|Writer|Visualizer|Tracker)")
 _STDLIB = frozenset(getattr(sys, "stdlib_module_names", ())) | {"logging", "csv", "io", "codecs"}
@@ -186,37 +189,39 @@ class SideEffectMixin(TransformerBase):
                 state.unit_starts[id(unit.statements[0])] = unit
                 for stmt in unit.statements:
                     state.unit_of[id(stmt)] = unit
-        if state.unit_of:  # only then does a conversion pay for the two hooks below
-            self.on_visit = self._on_visit_with_downloads  # type: ignore[method-assign]
-            self.on_leave = self._on_leave_with_downloads  # type: ignore[method-assign]
 
-    def _on_visit_with_downloads(self, node: cst.CSTNode) -> bool:
+    # A download unit is a run of statements of any kind: these two handlers run for every
+    # statement, first on the way in and last on the way out (the driver's table).
+    @handles(*(f"visit_{kind}" for kind in STATEMENT_KINDS))
+    def _side_effects_on_statement(self, node: cst.BaseStatement) -> None:
         state = self._side_effects
         unit = state.unit_of.get(id(node))
-        if unit is not None and state.in_download and state.unit_starts.get(id(node)) is unit:
+        if unit is None:
+            return
+        if state.in_download and state.unit_starts.get(id(node)) is unit:
             state.nested_units.add(id(unit))
-        if unit is not None and _runs_alone(unit) and id(unit) not in state.nested_units \
+        if _runs_alone(unit) and id(unit) not in state.nested_units \
                 and "downloads" not in self.skip:
             self.ctx.main_only_depth += 1
-            self._side_effects.in_download += 1
-        return type(self).on_visit(self, node)
+            state.in_download += 1
 
-    def _on_leave_with_downloads(self, original: cst.CSTNode, updated: cst.CSTNode):
-        result = type(self).on_leave(self, original, updated)
-        unit = self._side_effects.unit_of.get(id(original))
-        if unit is None or id(unit) in self._side_effects.nested_units:
+    @handles(*(f"leave_{kind}" for kind in STATEMENT_KINDS))
+    def _side_effects_after_statement(self, original: cst.BaseStatement, result):
+        state = self._side_effects
+        unit = state.unit_of.get(id(original))
+        if unit is None or id(unit) in state.nested_units:
             return result
         nodes = result.nodes if isinstance(result, cst.FlattenSentinel) else \
             [] if isinstance(result, cst.RemovalSentinel) else [result]
         if "downloads" in self.skip:
-            if self._side_effects.unit_starts.get(id(original)) is unit and nodes:
+            if state.unit_starts.get(id(original)) is unit and nodes:
                 self._skipped("downloads", nodes[0])
         elif _runs_alone(unit):
             self.ctx.main_only_depth -= 1
-            self._side_effects.in_download -= 1
+            state.in_download -= 1
             for new in nodes:
                 self.ctx.unit_outputs[id(new)] = (new, unit)
-        elif self._side_effects.unit_starts.get(id(original)) is unit and nodes:
+        elif state.unit_starts.get(id(original)) is unit and nodes:
             self._report_download(nodes[0], unit)
         return result
 

@@ -291,7 +291,10 @@ class DistifyTransformer(AccumulationMixin, BatchShapeMixin, CollectedMixin, Mod
     #: is its last handler's; a leave hook hands each handler the node the one before returned.
     #: The scope bookkeeping (``base``) comes first on the way in; the rewrites that read what
     #: the others made of a node (``accumulation`` of a loop, the statement's ``driver``) last on
-    #: the way out.
+    #: the way out. Download units (:mod:`.side_effects`) are runs of statements of any kind:
+    #: their bookkeeping is first in and last out of every statement.
+    _on_statement = SideEffectMixin._side_effects_on_statement
+    _after_statement = SideEffectMixin._side_effects_after_statement
     HANDLERS = {
         # the module: whole-file analyses first, then what is decided once every node is known
         "visit_Module": (
@@ -304,45 +307,51 @@ class DistifyTransformer(AccumulationMixin, BatchShapeMixin, CollectedMixin, Mod
             StopMixin._stops_after_module, AccumulationMixin._accumulation_after_module,
             _driver_after_module),
         # scopes
-        "visit_ClassDef": (TransformerBase._base_on_class_def,),
-        "leave_ClassDef": (TransformerBase._base_after_class_def,),
+        "visit_ClassDef": (_on_statement, TransformerBase._base_on_class_def),
+        "leave_ClassDef": (TransformerBase._base_after_class_def, _after_statement),
         "visit_FunctionDef": (
-            TransformerBase._base_on_function_def, MeterMixin._meters_on_function_def),
+            _on_statement, TransformerBase._base_on_function_def,
+            MeterMixin._meters_on_function_def),
         "leave_FunctionDef": (
             StopMixin._stops_after_function_def, TransformerBase._base_after_function_def,
-            StopMixin._stops_move_function_tests),
+            StopMixin._stops_move_function_tests, _after_statement),
         "visit_Lambda": (BatchShapeMixin._batch_shapes_on_lambda,),
         "leave_Lambda": (BatchShapeMixin._batch_shapes_after_lambda,),
         "visit_IndentedBlock": (TransformerBase._base_on_indented_block,),
         "leave_IndentedBlock": (_driver_after_indented_block,),
         # loops and branches
         "visit_For": (
-            LoopMixin._loops_on_for, FullBatchMixin._full_batch_on_for, StopMixin._stops_on_for,
-            CollectedMixin._collected_on_for, BatchShapeMixin._batch_shapes_on_for,
-            AccumulationMixin._accumulation_on_for),
+            _on_statement, LoopMixin._loops_on_for, FullBatchMixin._full_batch_on_for,
+            StopMixin._stops_on_for, CollectedMixin._collected_on_for,
+            BatchShapeMixin._batch_shapes_on_for, AccumulationMixin._accumulation_on_for),
         "leave_For": (
             BatchShapeMixin._batch_shapes_after_for, StopMixin._stops_after_for,
             FullBatchMixin._full_batch_after_for, LoopMixin._loops_after_for,
-            AccumulationMixin._accumulation_after_for),
+            AccumulationMixin._accumulation_after_for, _after_statement),
         "visit_While": (
-            LoopMixin._loops_on_while, FullBatchMixin._full_batch_on_while,
+            _on_statement, LoopMixin._loops_on_while, FullBatchMixin._full_batch_on_while,
             StopMixin._stops_on_while),
         "leave_While": (
             StopMixin._stops_after_while, FullBatchMixin._full_batch_after_while,
-            LoopMixin._loops_after_while),
-        "visit_If": (LoopMixin._loops_on_if, StopMixin._stops_on_if),
-        "leave_If": (_driver_after_if,),
-        "visit_Try": (SideEffectMixin._side_effects_on_try,),
+            LoopMixin._loops_after_while, _after_statement),
+        "visit_If": (_on_statement, LoopMixin._loops_on_if, StopMixin._stops_on_if),
+        "leave_If": (_driver_after_if, _after_statement),
+        "visit_Try": (_on_statement, SideEffectMixin._side_effects_on_try),
+        "leave_Try": (_after_statement,),
+        "visit_TryStar": (_on_statement,),
+        "leave_TryStar": (_after_statement,),
+        "visit_Match": (_on_statement,),
+        "leave_Match": (_after_statement,),
         "visit_ExceptHandler": (StopMixin._stops_on_except_handler,),
         "leave_ExceptHandler": (StopMixin._stops_after_except_handler,),
         "visit_MatchCase": (StopMixin._stops_on_match_case,),
         "leave_MatchCase": (StopMixin._stops_after_match_case,),
-        "visit_With": (SideEffectMixin._side_effects_on_with,),
-        "leave_With": (SideEffectMixin._side_effects_after_with,),
+        "visit_With": (_on_statement, SideEffectMixin._side_effects_on_with),
+        "leave_With": (SideEffectMixin._side_effects_after_with, _after_statement),
         "visit_WithItem": (LoopMixin._loops_on_with_item,),
         # statements
-        "visit_SimpleStatementLine": (_driver_on_simple_statement_line,),
-        "leave_SimpleStatementLine": (_driver_after_simple_statement_line,),
+        "visit_SimpleStatementLine": (_on_statement, _driver_on_simple_statement_line),
+        "leave_SimpleStatementLine": (_driver_after_simple_statement_line, _after_statement),
         "visit_SimpleStatementSuite": (_driver_on_simple_statement_suite,),
         "leave_SimpleStatementSuite": (_driver_after_simple_statement_suite,),
         "visit_Expr": (_driver_on_expr,),
@@ -372,6 +381,7 @@ class DistifyTransformer(AccumulationMixin, BatchShapeMixin, CollectedMixin, Mod
         "leave_FormattedStringExpression": (
             SideEffectMixin._side_effects_after_formatted_string_expression,),
     }
+    del _on_statement, _after_statement
 
 
 def _is_literal_false(node: cst.BaseExpression) -> bool:
