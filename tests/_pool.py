@@ -28,9 +28,11 @@ the streams are flushed and the child leaves with ``os._exit``.
 
 What it deliberately does not do:
 
-- import anything but torch (and what torch imports) in the server: not distify (its runtime
-  reads the environment at import), not the test's modules; and it runs no torch operation
-  before forking (thread pools do not survive a fork);
+- import anything but torch in the server (with what torch imports, and the torch modules of
+  ``PRELOAD`` that every DDP job imports lazily; their import reads only ``TORCH*`` and
+  ``SYMPY_*`` variables, start-up variables here): not distify (its runtime reads the
+  environment at import), not the test's modules; and it runs no torch operation before forking
+  (thread pools do not survive a fork; the server checks that it has no thread but its own);
 - run jobs whose start-up differs from the server's: a ``PYTHON*`` variable (hash seed,
   warnings, ...), or one of ``torch``'s or OpenMP's (read at ``import torch``) that is not the
   server's. :func:`pooled` says so and the caller runs those the old way;
@@ -62,11 +64,17 @@ import time
 
 # variables read at interpreter start-up or at ``import torch``: a job that sets them otherwise
 # than the server cannot be forked from it
-STARTUP_PREFIXES = ("PYTHON", "TORCH", "PYTORCH", "OMP_", "KMP_", "MKL_", "CUDA_", "LD_")
+STARTUP_PREFIXES = ("PYTHON", "TORCH", "PYTORCH", "OMP_", "KMP_", "MKL_", "CUDA_", "LD_",
+                    "SYMPY_")
 STARTUP_EXEMPT = {"PYTHONPATH", "PYTHONDONTWRITEBYTECODE"}
 # after one rank fails, the others get SIGTERM, then SIGKILL this much later (torchrun: 30 s)
 GRACE_S = 5.0
 _SITE_PATH: list[str] = []
+# torch's own modules that a job imports lazily (DDP's constructor imports torch._dynamo, distify's
+# FSDP check torch.distributed.fsdp, and with them torch.distributed.tensor and sympy): about 840
+# modules, 2-4 s of every 2-rank job's wall time on the test machine. The server imports them once.
+PRELOAD = ("torch.distributed", "torch.nn.parallel", "torch.distributed.fsdp",
+           "torch.distributed.checkpoint", "torch._dynamo", "torch.utils.data")
 
 
 def startup_mismatch(env: dict[str, str], server_env: dict[str, str]) -> list[str]:
@@ -81,7 +89,14 @@ def startup_mismatch(env: dict[str, str], server_env: dict[str, str]) -> list[st
 
 def serve(path: str) -> None:
     global _SITE_PATH
+    import importlib
+
     import torch  # noqa: F401  (the point of the pool; nothing runs on it here)
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+    if threading.active_count() != 1:  # a thread does not survive the fork: the ranks would hang
+        raise RuntimeError(f"importing {PRELOAD} started threads: {threading.enumerate()}")
 
     _SITE_PATH = sys.path[1:]  # without this file's folder; the server has no PYTHONPATH
 
