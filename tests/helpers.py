@@ -51,8 +51,10 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 def run_python(script: Path | str, *args: str, cwd: Path | str, env: dict | None = None,
-               timeout: float = 300, pool: bool | None = None) -> subprocess.CompletedProcess:
-    """Run ``python script args`` (no launcher); fail the test with its output on error.
+               timeout: float = 300, pool: bool | None = None,
+               check: bool = True) -> subprocess.CompletedProcess:
+    """Run ``python script args`` (no launcher); fail the test with its output on error
+    (``check=False``: return whatever exit code it had).
 
     ``pool``: run it as a child forked from the warm worker pool (``tests/_pool.py``) instead of
     a new interpreter; None: when the test's module is marked ``pytest.mark.pool``. Either way
@@ -65,7 +67,8 @@ def run_python(script: Path | str, *args: str, cwd: Path | str, env: dict | None
     else:
         proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True,
                               timeout=timeout)
-    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    if check:
+        assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     return proc
 
 

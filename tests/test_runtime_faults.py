@@ -21,15 +21,18 @@ import time
 
 import pytest
 
+pytestmark = pytest.mark.pool
+
 torch = pytest.importorskip("torch")
 
-from tests.helpers import REPO, clean_env, run_torchrun  # noqa: E402
+from tests.helpers import REPO, clean_env, run_python, run_torchrun  # noqa: E402
 
 SCRIPTS = REPO / "tests" / "runtime_scripts"
 SKIP = SCRIPTS / "faults_skip.py"
 FILES = SCRIPTS / "faults_files.py"
-#: short, so that a hang shows as a failure within the test, not after 30 minutes
-TIMEOUT_S = 15
+#: short, so that a hang shows as a failure within the test, not after 30 minutes; 10 s, not
+#: less: it also bounds starting the group on a loaded machine (as in test_runtime_ddp)
+TIMEOUT_S = 10
 
 
 def _two(script, *args: str, cwd, **env: str) -> tuple[subprocess.CompletedProcess, float]:
@@ -89,7 +92,9 @@ def test_the_watchdog_says_where_each_rank_is_while_the_job_keeps_waiting(tmp_pa
 
 
 def test_the_watchdog_can_be_turned_off_and_rejects_nonsense(tmp_path) -> None:
-    proc, _ = _two(SKIP, "slow", cwd=tmp_path, DISTIFY_WATCHDOG="0", DISTIFY_TIMEOUT="60")
+    # rank 0 waits 2 s for rank 1: a watchdog that took 0 for "at once" would have spoken
+    proc, _ = _two(SKIP, "slow", "6", "2", cwd=tmp_path, DISTIFY_WATCHDOG="0",
+                   DISTIFY_TIMEOUT="60")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "has waited" not in proc.stderr
     bad = subprocess.run([sys.executable, "-c", "import distify.runtime as d; d.init()"],
@@ -126,8 +131,7 @@ def _run(tmp_path, body: str) -> subprocess.CompletedProcess:
     script.write_text("import json, os, torch\nimport distify.runtime as distify\n"
                       "from distify.runtime import _checkpoint\n"
                       "model = distify.prepare(torch.nn.Linear(2, 1))\n" + body)
-    return subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=_env(),
-                          capture_output=True, text=True, timeout=120)
+    return run_python(script, cwd=tmp_path, env=_env(), timeout=120, check=False)
 
 
 def _debris(tmp_path) -> list[str]:
@@ -202,10 +206,15 @@ def test_debug_mode_compares_the_replicas_once_more_at_exit(tmp_path) -> None:
     assert ("DistifyError: distify debug: replicas diverged: Net.head.weight differs from rank "
             "0's on rank 1 (equal at backward call 1, compared at the end of the script, after "
             "5 backward calls)") in proc.stderr, proc.stderr[-3000:]
-    assert "[rank0]: Traceback" not in proc.stderr  # a message, not a crash in the exit handler
+    # a message, not a crash in the exit handler: no traceback through the runtime (pooled
+    # ranks' output has no "[rank0]: " prefix, the launcher's own traceback has no such frame)
+    assert "[rank0]: Traceback" not in proc.stderr
+    assert f'File "{REPO / "distify" / "runtime"}' not in proc.stderr, proc.stderr[-3000:]
 
 
 def test_debug_mode_at_exit_passes_replicas_that_stayed_equal(tmp_path) -> None:
-    proc, _ = _two(SKIP, "slow", "4", cwd=tmp_path, DISTIFY_DEBUG="1", DISTIFY_TIMEOUT="60")
+    # rank 1 is 1 s late at step 3; the ranks meet again at the next backward, and at exit
+    proc, _ = _two(SKIP, "slow", "4", "1", cwd=tmp_path, DISTIFY_DEBUG="1",
+                   DISTIFY_TIMEOUT="60")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "DistifyError" not in proc.stderr

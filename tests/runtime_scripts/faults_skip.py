@@ -1,4 +1,4 @@
-"""A rank out of step with the other at step 3 (``python faults_skip.py MODE [STEPS]``).
+"""A rank out of step with the other at step 3 (``python faults_skip.py MODE [STEPS [SLOW_S]]``).
 
 - ``skip``: rank 1 ``continue``s before its backward. Gloo pairs its later all-reduces with
   rank 0's earlier ones, so rank 1 ends one backward early and rank 0 waits in its last
@@ -24,7 +24,7 @@ optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 model, optimizer = distify.prepare(model, optimizer)
 mode = sys.argv[1]
 steps = int(sys.argv[2]) if len(sys.argv) > 2 else 6
-SLOW_S = 6
+SLOW_S = float(sys.argv[3]) if len(sys.argv) > 3 else 6
 print(f"STARTED {time.time():.3f}", flush=True)
 for step in range(steps):
     optimizer.zero_grad()
