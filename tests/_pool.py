@@ -15,8 +15,9 @@ sets up what a fresh process of that job would see, then runs the script:
   Python's start-up would import it: the replica recorder and the device stand-in start there);
 - fds 0/1/2: ``/dev/null`` and one capture file each for stdout and stderr, so C-level output is
   captured too;
-- a fresh seed for numpy's global generator when torch imported numpy (a fresh process seeds it
-  from the OS; Python's ``random`` reseeds itself after a fork).
+- a fresh seed for torch's default generator and for numpy's global one when torch imported
+  numpy (a fresh process seeds both from the OS; Python's ``random`` reseeds itself after a
+  fork).
 
 The script runs as the interpreter runs a main script (``runpy.run_path`` would change
 ``sys.argv[0]`` and take its ``__main__`` module away afterwards). Its end is mapped like the
@@ -70,6 +71,9 @@ STARTUP_EXEMPT = {"PYTHONPATH", "PYTHONDONTWRITEBYTECODE"}
 # after one rank fails, the others get SIGTERM, then SIGKILL this much later (torchrun: 30 s)
 GRACE_S = 5.0
 _SITE_PATH: list[str] = []
+_FRESH_SEED = False  # the server's torch seeded itself from the OS: so does every fresh process
+# the seed of torch's default generator in a fresh process of a torch that seeds it so
+TORCH_DEFAULT_SEED = 67280421310721
 # torch's own modules that a job imports lazily (DDP's constructor imports torch._dynamo, distify's
 # FSDP check torch.distributed.fsdp, and with them torch.distributed.tensor and sympy): about 840
 # modules, 2-4 s of every 2-rank job's wall time on the test machine. The server imports them once.
@@ -88,10 +92,12 @@ def startup_mismatch(env: dict[str, str], server_env: dict[str, str]) -> list[st
 
 
 def serve(path: str) -> None:
-    global _SITE_PATH
+    global _SITE_PATH, _FRESH_SEED
     import importlib
 
-    import torch  # noqa: F401  (the point of the pool; nothing runs on it here)
+    import torch  # (the point of the pool; nothing runs on it here)
+
+    _FRESH_SEED = torch.initial_seed() != TORCH_DEFAULT_SEED
 
     for name in PRELOAD:
         importlib.import_module(name)
@@ -254,6 +260,10 @@ def _redirect(out: str, err: str) -> None:
 
 
 def _reseed() -> None:
+    # this torch seeds its default generator from the OS in every fresh process (so two ranks
+    # of a script that seeds nothing draw differently); a fork would share the server's seed
+    if _FRESH_SEED:
+        sys.modules["torch"].default_generator.seed()
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         numpy.random.seed()

@@ -135,3 +135,37 @@ def test_start_up_variables_other_than_the_servers_run_the_old_way() -> None:
         assert not _pool.pooled(clean_env(), False)
     finally:
         _pool.ALLOWED = False
+
+
+DRAWS = '''\
+import json, os, random
+import numpy
+import torch
+os.write(1, ("DRAW " + json.dumps([torch.randn(2).tolist(), numpy.random.rand(),
+                                   random.random()]) + "\\n").encode())
+'''
+
+
+def test_ranks_of_a_script_that_seeds_nothing_draw_as_fresh_processes_draw(tmp_path) -> None:
+    # this torch seeds its default generator from the OS in every fresh process: forked ranks
+    # must not share the server's seed (nor numpy's, nor random's)
+    script = tmp_path / "draws.py"
+    script.write_text(DRAWS)
+    env = clean_env(PYTHONPATH=str(REPO))
+    real = run_torchrun(script, cwd=tmp_path, env=env, replicas=False, pool=False)
+    pooled = [_pool.run(str(script), [], cwd=str(tmp_path), env=env, nproc=2, torchrun=True,
+                        timeout=120, command=["draws"]) for _ in range(2)]
+
+    def draws(proc) -> list[list]:
+        return [json.loads(line[5:]) for line in proc.stdout.splitlines()
+                if line.startswith("DRAW ")]
+
+    fresh = draws(real)
+    assert len(fresh) == 2
+    for proc in pooled:
+        forked = draws(proc)
+        assert len(forked) == 2
+        for source in range(3):  # torch, numpy, random: alike across ranks only if fresh are
+            assert (forked[0][source] == forked[1][source]) == \
+                (fresh[0][source] == fresh[1][source]), (source, forked, fresh)
+    assert draws(pooled[0]) != draws(pooled[1])  # and a job does not repeat the last one's
