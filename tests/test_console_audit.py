@@ -22,6 +22,8 @@ from tests.helpers import REPO, clean_env, run_python
 
 pytest.importorskip("torch", reason="real launches need torch")
 
+pytestmark = pytest.mark.pool
+
 SCRIPTS = REPO / "tests" / "runtime_scripts"
 TIMEOUT = 240
 HAS_NUMPY = importlib.util.find_spec("numpy") is not None

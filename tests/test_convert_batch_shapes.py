@@ -32,6 +32,8 @@ from tests.helpers import (
     run_torchrun,
 )
 
+pytestmark = pytest.mark.pool
+
 SHAPES = FIXTURES / "batch_shapes"
 GOLDEN = sorted(SHAPES.glob("*.in.py"))
 

@@ -29,6 +29,8 @@ from tests.helpers import (
 
 pytest.importorskip("torch", reason="real launches need torch")
 
+pytestmark = pytest.mark.pool
+
 TRAIN = FIXTURES / "launch" / "train_ddp.py"
 SLEEPER = FIXTURES / "launch" / "sleeper.py"
 EXITS = FIXTURES / "launch" / "exits.py"

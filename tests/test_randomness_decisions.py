@@ -45,6 +45,8 @@ from tests.helpers import (
     simulated_rank,
 )
 
+pytestmark = pytest.mark.pool
+
 HERE = FIXTURES / "rank_random"
 UPDATE = bool(os.environ.get("DISTIFY_UPDATE_GOLDEN"))
 NAMES = ["siamese_pairs", "regression_task", "guarded_steps"]

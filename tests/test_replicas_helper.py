@@ -21,6 +21,8 @@ from tests.helpers import (
     run_torchrun,
 )
 
+pytestmark = pytest.mark.pool
+
 torch = pytest.importorskip("torch")
 
 SCRIPT = '''\

@@ -15,6 +15,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.pool
+
 torch = pytest.importorskip("torch")
 
 from distify.runtime import _checkpoint  # noqa: E402

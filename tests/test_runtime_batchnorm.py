@@ -22,6 +22,8 @@ import torch
 
 from tests.helpers import FIXTURES, REPO, clean_env, result_line, run_python, run_torchrun
 
+pytestmark = pytest.mark.pool
+
 BATCHNORM = FIXTURES / "batchnorm"
 SCRIPT = BATCHNORM / "train_bn.py"
 RECORDER = BATCHNORM / "record_eval_bn.py"

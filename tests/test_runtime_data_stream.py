@@ -22,6 +22,8 @@ import distify.runtime as distify
 from distify.runtime import _data, _state
 from tests.helpers import FIXTURES, clean_env, run_python, run_torchrun, simulated_rank
 
+pytestmark = pytest.mark.pool
+
 SCRIPT = FIXTURES / "streams" / "draw.py"
 
 

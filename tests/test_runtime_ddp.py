@@ -10,6 +10,8 @@ import pytest
 
 from tests.helpers import REPO, clean_env, run_torchrun
 
+pytestmark = pytest.mark.pool
+
 SCRIPT = REPO / "tests" / "runtime_scripts" / "ddp_checks.py"
 SAMPLES = 251
 

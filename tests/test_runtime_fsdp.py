@@ -18,6 +18,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.pool
+
 torch = pytest.importorskip("torch")
 
 from distify.convert.engine import convert_source  # noqa: E402

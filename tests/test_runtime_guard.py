@@ -19,6 +19,8 @@ from click.testing import CliRunner
 
 from tests.helpers import REPO, clean_env, result_line, run_python, run_torchrun
 
+pytestmark = pytest.mark.pool
+
 SCRIPTS = REPO / "tests" / "runtime_scripts"
 UNSYNCED = SCRIPTS / "guard_unsynced.py"
 MISMATCH = SCRIPTS / "guard_mismatch.py"

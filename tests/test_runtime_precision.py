@@ -9,6 +9,8 @@ import pytest
 
 from tests.helpers import REPO, clean_env, run_python, run_torchrun
 
+pytestmark = pytest.mark.pool
+
 SCRIPT = REPO / "tests" / "runtime_scripts" / "precision_checks.py"
 
 

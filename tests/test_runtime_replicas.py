@@ -17,6 +17,8 @@ from distify.runtime import _replicas, _state
 from distify.runtime._errors import DistifyError
 from tests.helpers import REPO, clean_env, run_torchrun, simulated_rank
 
+pytestmark = pytest.mark.pool
+
 SCRIPTS = REPO / "tests" / "runtime_scripts"
 SKIP = SCRIPTS / "replicas_skip.py"
 CHECKPOINT = SCRIPTS / "replicas_checkpoint.py"

@@ -11,6 +11,8 @@ import torch
 
 from tests.helpers import REPO, run_python, run_torchrun
 
+pytestmark = pytest.mark.pool
+
 SCRIPT = REPO / "tests" / "runtime_scripts" / "train_compare.py"
 
 

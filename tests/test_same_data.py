@@ -17,6 +17,8 @@ import pytest
 from distify.convert.engine import convert_source
 from tests.helpers import REPO, clean_env, run_torchrun
 
+pytestmark = pytest.mark.pool
+
 SCRIPT = REPO / "tests" / "runtime_scripts" / "same_data.py"
 WARNING = "first training batches are identical"
 
