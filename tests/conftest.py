@@ -54,6 +54,19 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     _pool.ALLOWED = item.get_closest_marker("pool") is not None
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Under pytest-xdist, a worker hands its pool counts to the controller, which prints them."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["distify_pool"] = dict(_pool.STATS)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    for key, count in getattr(node, "workeroutput", {}).get("distify_pool", {}).items():
+        _pool.STATS[key] += count
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
     if any(_pool.STATS.values()):
         terminalreporter.write_line(
