@@ -182,16 +182,13 @@ def forward_factories(module: cst.Module, model_classes: set[str],
     return found
 
 
-class _Forwards(cst.CSTVisitor):
-    """The ``forward`` methods of the script's own model classes (a statement-level walk, which
-    skips every expression), each with the classes around it: all of a module where
-    :class:`_ForwardFactories` can find something. A ``.to()`` that moves a factory's tensor is
-    around that factory's call, so inside the same method."""
+class _InModelClasses(cst.CSTVisitor):
+    """Keeps the classes around the walk, to tell the ``forward`` of the script's own model
+    classes."""
 
     def __init__(self, model_classes: set[str]) -> None:
         self.model_classes = model_classes
         self.classes: list[str] = []
-        self.found: list[tuple[cst.FunctionDef, list[str]]] = []
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
         self.classes.append(node.name.value)
@@ -199,9 +196,23 @@ class _Forwards(cst.CSTVisitor):
     def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
         self.classes.pop()
 
+    def _model_forward(self, node: cst.FunctionDef) -> bool:
+        return node.name.value == "forward" and bool(self.classes) and \
+            self.classes[-1] in self.model_classes
+
+
+class _Forwards(_InModelClasses):
+    """The ``forward`` methods of the script's own model classes (a statement-level walk, which
+    skips every expression), each with the classes around it: all of a module where
+    :class:`_ForwardFactories` can find something. A ``.to()`` that moves a factory's tensor is
+    around that factory's call, so inside the same method."""
+
+    def __init__(self, model_classes: set[str]) -> None:
+        super().__init__(model_classes)
+        self.found: list[tuple[cst.FunctionDef, list[str]]] = []
+
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-        if node.name.value == "forward" and self.classes and \
-                self.classes[-1] in self.model_classes:
+        if self._model_forward(node):
             self.found.append((node, list(self.classes)))
             return False  # read whole by _ForwardFactories, nested methods included
         return True
@@ -215,29 +226,21 @@ def _is_dtype(node: cst.BaseExpression) -> bool:
         ("float", "half", "double", "bfloat", "int", "long", "short", "bool", "uint", "complex"))
 
 
-class _ForwardFactories(cst.CSTVisitor):
+class _ForwardFactories(_InModelClasses):
     def __init__(self, model_classes: set[str],
                  qual: Callable[[cst.BaseExpression], str | None], rt: str) -> None:
-        self.model_classes, self.qual, self.rt = model_classes, qual, rt
-        self.classes: list[str] = []
+        super().__init__(model_classes)
+        self.qual, self.rt = qual, rt
         self.in_forward = 0
         self.moved: set[int] = set()
         self.found: list[Edit] = []
 
-    def visit_ClassDef(self, node: cst.ClassDef) -> None:
-        self.classes.append(node.name.value)
-
-    def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
-        self.classes.pop()
-
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        if node.name.value == "forward" and self.classes and \
-                self.classes[-1] in self.model_classes:
+        if self._model_forward(node):
             self.in_forward += 1
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
-        if original_node.name.value == "forward" and self.classes and \
-                self.classes[-1] in self.model_classes:
+        if self._model_forward(original_node):
             self.in_forward -= 1
 
     @staticmethod

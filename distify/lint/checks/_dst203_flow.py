@@ -141,8 +141,7 @@ class _Context:
             return (f"`{test}` needs every process (a collective) but only some may reach it: "
                     f"{stop.why}; the others never join it and the job hangs")
         if stop.kind == "gate":
-            call = " ".join(cst.Module([]).code_for_node(stop.collective).split()) \
-                if stop.collective is not None else "a collective"
+            call = _one_line(stop.collective, "a collective")
             return (f"`if {test}:` {reads}, and its branch leads to `{call}`, which every "
                     f"process must join: the processes that skip it leave the others waiting "
                     f"(a hang); {fix}" + (f" where all of them reach it ({stop.why})"
@@ -150,8 +149,7 @@ class _Context:
         where = f" (in `{stop.function}`, which a training loop calls)" if stop.function \
             else ""
         if stop.kind == "work":
-            what = " ".join(cst.Module([]).code_for_node(stop.collective).split()) \
-                if stop.collective is not None else "a step"
+            what = _one_line(stop.collective, "a step")
             return (f"`if {test}:` {reads}, and a branch of it changes the optimizer's work "
                     f"(`{what}`): processes that decide differently train their replicas "
                     f"apart; {fix}" + (f" where all of them reach it ({stop.why})"
@@ -167,3 +165,8 @@ class _Context:
                 f"leaves the others waiting in the next gradient all-reduce (a hang); {fix}"
                 + (f" where all of them reach it ({stop.why})" if stop.action == "note"
                    else ""))
+
+
+def _one_line(node: cst.CSTNode | None, default: str) -> str:
+    """``node``'s code on one line (runs of white space made one space), or ``default``."""
+    return " ".join(cst.Module([]).code_for_node(node).split()) if node is not None else default
