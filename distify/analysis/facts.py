@@ -187,7 +187,7 @@ def gather_facts(tree: ast.Module, source: bytes, rules: RuleSet) -> FileFacts:
     facts.parallel = markers.result() if markers is not None else None
     facts.names.update(facts.imports.aliases)
     facts.bound.update(facts.imports.aliases)
-    facts.model_classes = _model_classes(classes, facts.imports, rules)
+    facts.model_classes = model_classes(classes, facts.imports, rules)
     facts.longest_line = max((len(line) for line in
                               source.decode("utf-8", errors="replace").splitlines()), default=0)
     if collected is not None:
@@ -250,7 +250,9 @@ def _last_name(node: ast.expr) -> str | None:
     return node.id if isinstance(node, ast.Name) else None
 
 
-def _model_classes(classes: list[ast.ClassDef], imports: ImportMap, rules: RuleSet) -> set[str]:
+def model_classes(classes: list[ast.ClassDef], imports: ImportMap, rules: RuleSet) -> set[str]:
+    """The names of ``classes`` that are models: a base a rule pack names (``nn.Module``), or
+    another of these classes (``class Big(Small)``)."""
     found: set[str] = set()
     changed = True
     while changed:  # a class deriving from a local model class is a model class too

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from distify.analysis.facts import _model_classes as model_classes
+from distify.analysis.facts import model_classes
 from distify.analysis.names import ImportMap, ast_dotted_name
 from distify.analysis.training import Collector, Flow, Scope, dotted, optimizers
 from distify.rules import Entry, RuleSet
