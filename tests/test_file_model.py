@@ -20,3 +20,43 @@ def test_model_classes_is_one_public_answer_for_facts_and_wrapping() -> None:
     found = facts_module.model_classes(classes, ImportMap.from_ast(tree), default_rules())
     assert found == {"Big", "Small"}  # a subclass of a local model, defined before its base
     assert wrapping.model_classes is facts_module.model_classes
+
+
+_COUNTED = """\
+import torch
+from torch.utils.data import DataLoader
+
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = DataLoader(torch.randn(64, 4), batch_size=8)
+{counter} = 0
+for x in loader:
+    loss = model(x).sum()
+    loss.backward()
+    optimizer.step()
+    {counter} += x.numel()
+"""
+
+
+def _counter_walks(monkeypatch, source: str) -> tuple[list[str], list[str]]:
+    """The throughput notes of ``source``'s conversion, and the counter walks it made."""
+    from distify.convert import accumulation
+    from distify.convert.engine import convert_source
+
+    walks: list[str] = []
+    real = accumulation.counter_lines
+
+    def counting(*args, **kwargs):
+        walks.append("walk")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(accumulation, "counter_lines", counting)
+    result = convert_source(source.encode(), "train.py")
+    return [c.message for c in result.changes if c.kind == "throughput"], walks
+
+
+def test_the_counter_walk_runs_only_when_the_file_binds_a_counters_name(monkeypatch) -> None:
+    notes, walks = _counter_walks(monkeypatch, _COUNTED.format(counter="num_tokens"))
+    assert walks == ["walk"] and len(notes) == 1 and "`num_tokens`" in notes[0]
+    notes, walks = _counter_walks(monkeypatch, _COUNTED.format(counter="total"))
+    assert walks == [] and notes == []  # `total` names no counter: nothing to find, no walk

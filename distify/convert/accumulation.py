@@ -58,7 +58,7 @@ from distify.analysis.walk import walk
 from distify.convert.base import TransformerBase
 from distify.convert.driver import handles
 from distify.convert.syntax import _code, _names_in, _strip_parens
-from distify.convert.throughput import counter_lines
+from distify.convert.throughput import counter_lines, names_a_counter
 
 #: a comment on the count's line that says it stands for a batch size of the whole step
 _DECLARED_TOTAL = re.compile(r"total|simulat|effective|global batch|larger batch", re.I)
@@ -147,14 +147,15 @@ class AccumulationMixin(TransformerBase):
         state.last_loss_lines = {id(line) for found in state.micro_steps.values()
                                  for line in found.last_loss}
         state.losses = {name for found in state.micro_steps.values() for name in found.losses}
-        loaders = _LoaderNames(self)
-        walk(node, loaders)
-        fed: set[int] = set()
-        for flow in (self.ctx.draw_flow, self.ctx.stream_flow):
-            if flow is not None:
-                fed |= flow.fed_backwards
-        state.counter_lines = counter_lines(node, loaders.loaders, loaders.iterators, fed,
-                                            {f.count for f in state.micro_steps.values()})
+        if names_a_counter(self.facts.bound):  # else no line sets one: skip the two walks
+            loaders = _LoaderNames(self)
+            walk(node, loaders)
+            fed: set[int] = set()
+            for flow in (self.ctx.draw_flow, self.ctx.stream_flow):
+                if flow is not None:
+                    fed |= flow.fed_backwards
+            state.counter_lines = counter_lines(node, loaders.loaders, loaders.iterators, fed,
+                                                {f.count for f in state.micro_steps.values()})
         if "accumulation" in self.skip:  # the micro-step loops are plain loops from here on
             self._accumulation = AccumulationState(skipped_micro=set(state.micro_steps))
 

@@ -21,6 +21,7 @@ counters of micro-steps, which :mod:`.accumulation` multiplies by the world size
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Any
 
 import libcst as cst
@@ -35,6 +36,12 @@ _NOUN = r"(tok|toks|tokens?|samples?|examples?|images?|imgs|seqs?|sequences|word
 #: a throughput counter's name: a noun with a counting prefix or suffix, or "throughput"
 COUNTER = re.compile(rf"^((num|n|total|nb)_{_NOUN}(_\w+)?|{_NOUN}_(per_\w+|seen|processed|"
                      rf"done|so_far|count|total|trained)|\w*throughput\w*)$", re.I)
+
+
+def names_a_counter(names: Iterable[str]) -> bool:
+    """Is one of ``names`` (the names the file binds: ``FileFacts.bound``)
+    a counter's? Without one, :func:`counter_lines` finds nothing and need not walk."""
+    return any(COUNTER.match(name) for name in names)
 
 
 def counter_lines(module: cst.Module, loaders: set[str], iterators: set[str],
