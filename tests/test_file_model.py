@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ast
+import textwrap
 
 from distify.analysis import facts as facts_module
 from distify.analysis import wrapping
@@ -60,3 +61,91 @@ def test_the_counter_walk_runs_only_when_the_file_binds_a_counters_name(monkeypa
     assert walks == ["walk"] and len(notes) == 1 and "`num_tokens`" in notes[0]
     notes, walks = _counter_walks(monkeypatch, _COUNTED.format(counter="total"))
     assert walks == [] and notes == []  # `total` names no counter: nothing to find, no walk
+
+
+def _training(source: str):
+    from distify.analysis.facts import gather_facts, parse_ast
+
+    data = textwrap.dedent(source).encode()
+    return gather_facts(parse_ast(data, "t.py"), data, default_rules()).training
+
+
+def test_the_analysis_keys_plain_tensor_backwards_by_scope_and_ordinal() -> None:
+    training = _training("""\
+        import torch
+        import torch.nn as nn
+
+        def train(model, x):
+            model(x).sum().backward()
+            w = torch.randn(3, requires_grad=True)
+            (w * w).sum().backward()
+
+        class Policy(nn.Module):
+            def finish(self):
+                losses = []
+                losses.append(self.saved.pop())
+                loss = torch.cat(losses).sum()
+                loss.backward()
+
+        a = torch.tensor(2., requires_grad=True)
+        (a ** 2).backward()
+        """)
+    assert training.tensor_only == {("train",): {1}, (): {0}}
+    assert sorted(training.tensor_only_backwards) == [7, 17]  # the loss's line
+
+
+def test_the_converter_reads_the_analysis_answer_for_a_long_plain_chain() -> None:
+    """The autograd tutorial's chain (`x` → `y` → `z` → `out`, seven steps back to
+    `torch.ones`) trained by an optimizer: the engine and the rewrite used to answer apart
+    (the rewrite followed six steps and sent the plain loss through the runtime, which refuses
+    it at two processes); now both read the analysis: the backward stays plain, and no note
+    asks which model computes a loss that no model computes."""
+    from distify.convert.engine import convert_source
+
+    source = textwrap.dedent("""\
+        import torch
+
+        x = torch.ones(2, 2, requires_grad=True)
+        y = x + 2
+        z = y * y * 3
+        out = z.mean()
+        out.backward()
+        opt = torch.optim.SGD([x], lr=0.1)
+        opt.step()
+        """)
+    result = convert_source(source.encode(), "t.py")
+    out = result.output.decode()
+    assert result.status == "converted" and "\nout.backward()\n" in out
+    assert [c.line for c in result.changes if "plain tensors" in c.message] == \
+        [out.splitlines().index("out.backward()") + 1]
+    assert not [n for n in result.notes if n.kind == "model"]
+
+
+def test_the_rewrite_counts_backwards_per_scope_as_the_analysis_does() -> None:
+    """A plain backward after a model's in one function, and before one in another: the k-th
+    `.backward(` of each scope is the analysis' k-th."""
+    from distify.convert.engine import convert_source
+
+    source = textwrap.dedent("""\
+        import torch
+        import torch.nn as nn
+
+        def train(model, opt, x):
+            model(x).sum().backward()
+            opt.step()
+            w = torch.randn(3, requires_grad=True)
+            (w * w).sum().backward()
+
+        def demo(model, opt, x):
+            v = torch.zeros(2, requires_grad=True)
+            v.exp().sum().backward()
+            model(x).sum().backward()
+            opt.step()
+
+        net = nn.Linear(3, 1)
+        train(net, torch.optim.SGD(net.parameters(), lr=0.1), torch.randn(4, 3))
+        """)
+    out = convert_source(source.encode(), "t.py").output.decode()
+    assert "distify.backward(model(x).sum())" in out
+    assert out.count("distify.backward(model(x).sum())") == 2
+    assert "\n    (w * w).sum().backward()\n" in out and "\n    v.exp().sum().backward()\n" in out

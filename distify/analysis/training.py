@@ -75,6 +75,9 @@ class Training:
     #: lines of the backward passes whose loss is computed from plain tensors by torch
     #: functions and tensor methods alone (an autograd example: ``y = (x * x).sum()``)
     tensor_only_backwards: list[int] = field(default_factory=list)
+    #: scope → ordinals of those backward passes in it (the k-th ``.backward()`` call of the
+    #: scope, in source order, as the rewrite counts them)
+    tensor_only: dict[Scope, set[int]] = field(default_factory=dict)
     #: how many backward passes the file has
     backward_count: int = 0
 
@@ -579,6 +582,8 @@ def analyse(collector: Collector, model_classes: set[str]) -> Training:
             training.backward_count += 1
             if _tensor_only(flow, scope, loss):
                 training.tensor_only_backwards.append(loss.lineno)
+                training.tensor_only.setdefault(scope.path, set()).add(ordinal)
+                continue  # no model computes it: none to find, none to prepare
             models, method = flow.models_of_loss(scope, loss)
             if method is not None:
                 training.method_losses.setdefault(scope.path, {})[ordinal] = method
@@ -627,25 +632,61 @@ def optimizers(flow: Flow) -> Iterator[Optimizer]:
                 yield Optimizer(scope.path, target, values[-1], False, tuple(models))
 
 
+#: torch functions that make a tensor from numbers (``torch.tensor(1., requires_grad=True)``)
+_TENSOR_MAKERS = frozenset({"tensor", "ones", "zeros", "rand", "randn", "randint", "arange",
+                            "linspace", "full", "empty", "eye", "as_tensor", "from_numpy"})
+#: how many assignments and calls :func:`_tensor_only` follows back from a loss
+_TENSOR_DEPTH = 16
+
+
 def _tensor_only(flow: Flow, scope: _Scope, loss: ast.expr) -> bool:
-    """Is ``loss`` computed from plain tensors by torch functions and tensor methods alone, with
-    no parameter, attribute of ``self``, model or other callable on its way?"""
-    names, calls = flow.depends(scope, loss)
-    if any(name in scope.params or name.startswith("self.") for name in names):
-        return False
-    for call in calls:
-        qual = flow.imports.ast_qualname(call.func) or ""
-        if qual.startswith("torch."):
-            if flow.rules.match("models", qual) is not None or ".nn." in qual \
-                    and qual.rsplit(".", 1)[-1][:1].isupper():
-                return False  # `torch.nn.Linear(...)`: a module
-            continue
-        if isinstance(call.func, ast.Attribute):
-            receiver = dotted(call.func.value)
-            if receiver is None or not flow.is_model(scope, receiver):
-                continue  # a method of a tensor: `(x * x).sum()`, `y.pow(2)`
-        return False
-    return True
+    """Is ``loss`` computed from tensors the file makes with torch (``torch.tensor(1.,
+    requires_grad=True)``) by arithmetic, torch functions and tensor methods alone, with no
+    module, criterion or other call in between (``y = w * x + b; y.backward()``)? A name is
+    followed through every assignment of it in its scope (or the module's); anything not seen
+    through (a parameter, a loop variable, an attribute) is not."""
+    only, saw = _plain(flow, scope, loss, 0)
+    return only and saw
+
+
+def _plain(flow: Flow, scope: _Scope, node: ast.expr, depth: int) -> tuple[bool, bool]:
+    """(computed from plain tensors and numbers only, a tensor made by torch seen)"""
+    if depth > _TENSOR_DEPTH:
+        return False, False
+    if isinstance(node, ast.Constant):
+        return type(node.value) in (int, float), False
+    if isinstance(node, ast.Name):
+        owner = flow.owner(scope, node.id)
+        values = owner.assigns.get(node.id, []) if owner is not None else []
+        if not values:
+            return False, False
+        return _all_plain(flow, owner, values, depth)
+    if isinstance(node, ast.BinOp):
+        return _all_plain(flow, scope, [node.left, node.right], depth)
+    if isinstance(node, ast.UnaryOp):
+        return _plain(flow, scope, node.operand, depth + 1)
+    if isinstance(node, ast.Subscript):
+        return _plain(flow, scope, node.value, depth + 1)
+    if not isinstance(node, ast.Call):
+        return False, False
+    qual = flow.imports.ast_qualname(node.func) or ""
+    if qual.startswith("torch.") and not qual.startswith(("torch.nn.", "torch.optim.")):
+        if qual.rsplit(".", 1)[-1] in _TENSOR_MAKERS:
+            return True, True
+        args = [a.value if isinstance(a, ast.Starred) else a for a in node.args]
+        return _all_plain(flow, scope, args, depth, (True, False))
+    if isinstance(node.func, ast.Attribute) and not qual.startswith("torch."):
+        return _plain(flow, scope, node.func.value, depth + 1)  # `(x * x).sum()`, `z.mean()`
+    return False, False
+
+
+def _all_plain(flow: Flow, scope: _Scope, nodes: list[ast.expr], depth: int,
+               start: tuple[bool, bool] = (True, False)) -> tuple[bool, bool]:
+    only, saw = start
+    for node in nodes:
+        one, seen = _plain(flow, scope, node, depth + 1)
+        only, saw = only and one, saw or seen
+    return only, saw
 
 
 def _steps_a_known_optimizer(flow: Flow, training: Training, scope: _Scope) -> bool:

@@ -47,7 +47,8 @@ class LoopMixin(TransformerBase):
         if _is_method_call(func.value, "scale"):  # scaler.scale(loss).backward(): its own AMP
             self._mark_backward()
             return updated
-        if self._tensor_only(func.value) == (True, True):
+        path = tuple(self.ctx.path)  # the analysis counts a scope's `.backward(` calls too
+        if self.ctx.backwards.get(path, 0) in self.facts.training.tensor_only.get(path, ()):
             if "backward" in self.skip:
                 return updated
             self._edit(updated, "backward", "differentiates plain tensors, not a model's output "
@@ -55,42 +56,6 @@ class LoopMixin(TransformerBase):
                        "gradients, with nothing to average")
             return updated
         return self._rewrite_backward(updated, func)
-
-    def _tensor_only(self, node: cst.BaseExpression, depth: int = 0) -> tuple[bool, bool]:
-        """Is ``node`` computed from tensors the file makes with torch (``torch.tensor(1.,
-        requires_grad=True)``) by arithmetic, torch functions and tensor methods alone, with no
-        module, criterion or other call in between (``y = w * x + b``)? ``(only, saw a
-        tensor)``; anything not seen through (a parameter, a loop variable) is not."""
-        node = _strip_parens(node)
-        if depth > 6:
-            return False, False
-        if isinstance(node, (cst.Integer, cst.Float)):
-            return True, False
-        if isinstance(node, cst.Name):
-            value = self.ctx.built_from.get((tuple(self.ctx.path), node.value)) \
-                or self.ctx.built_from.get(((), node.value))
-            return self._tensor_only(value, depth + 1) if value is not None else (False, False)
-        if isinstance(node, cst.BinaryOperation):
-            return _both(self._tensor_only(node.left, depth + 1),
-                         self._tensor_only(node.right, depth + 1))
-        if isinstance(node, cst.UnaryOperation):
-            return self._tensor_only(node.expression, depth + 1)
-        if isinstance(node, cst.Subscript):
-            return self._tensor_only(node.value, depth + 1)
-        if not isinstance(node, cst.Call):
-            return False, False
-        qual = self._qual(node.func) or ""
-        if qual.startswith("torch.") and not qual.startswith(("torch.nn.", "torch.optim.")):
-            if qual.split(".")[-1] in _TENSOR_MAKERS:
-                return True, True
-            result = (True, False)
-            for arg in node.args:
-                if not arg.keyword:
-                    result = _both(result, self._tensor_only(arg.value, depth + 1))
-            return result
-        if isinstance(node.func, cst.Attribute) and not qual.startswith("torch."):
-            return self._tensor_only(node.func.value, depth + 1)  # `(x * x).sum()`, `z.mean()`
-        return False, False
 
     @handles("visit_Assign")
     def _loops_on_assign(self, node: cst.Assign) -> None:
@@ -442,15 +407,6 @@ class LoopMixin(TransformerBase):
 #: methods and functions whose result is one number per batch, not per sample
 _SCALAR_METHODS = frozenset({"item"})
 _SCALAR_FUNCTIONS = frozenset({"float", "int", "round", "len"})
-
-
-#: torch functions that make a tensor from scratch (``torch.tensor(2., requires_grad=True)``)
-_TENSOR_MAKERS = frozenset({"tensor", "ones", "zeros", "rand", "randn", "randint", "arange",
-                            "linspace", "full", "empty", "eye", "as_tensor", "from_numpy"})
-
-
-def _both(a: tuple[bool, bool], b: tuple[bool, bool]) -> tuple[bool, bool]:
-    return a[0] and b[0], a[1] or b[1]
 
 
 def _per_sample(value: cst.BaseExpression, batch_names: set[str]) -> bool:
