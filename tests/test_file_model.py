@@ -149,3 +149,40 @@ def test_the_rewrite_counts_backwards_per_scope_as_the_analysis_does() -> None:
     assert "distify.backward(model(x).sum())" in out
     assert out.count("distify.backward(model(x).sum())") == 2
     assert "\n    (w * w).sum().backward()\n" in out and "\n    v.exp().sum().backward()\n" in out
+
+
+def test_a_leaf_updated_from_its_own_gradient_stays_a_plain_tensor() -> None:
+    """The polynomial-fit tutorial: `a -= learning_rate * a.grad` under no_grad updates the
+    leaf in place; the script trains no model and is left alone. A loss that adds a model's
+    output in place (`loss += model(x).sum()`) is no plain tensor."""
+    from distify.convert.engine import convert_source
+
+    source = textwrap.dedent("""\
+        import math
+        import torch
+
+        x = torch.linspace(-math.pi, math.pi, 2000)
+        y = torch.sin(x)
+        a = torch.randn((), requires_grad=True)
+        b = torch.randn((), requires_grad=True)
+        learning_rate = 1e-6
+        for t in range(2000):
+            y_pred = a + b * x
+            loss = (y_pred - y).pow(2).sum()
+            loss.backward()
+            with torch.no_grad():
+                a -= learning_rate * a.grad
+                b -= learning_rate * b.grad
+                a.grad = None
+                b.grad = None
+        """)
+    result = convert_source(source.encode(), "fit.py")
+    assert result.status == "unchanged" and "plain tensors" in result.reason
+    assert _training(source).tensor_only == {(): {0}}
+    assert _training("""\
+        import torch
+        model = torch.nn.Linear(2, 1)
+        loss = torch.zeros(1)
+        loss += model(torch.randn(3, 2)).sum()
+        loss.backward()
+        """).tensor_only == {}

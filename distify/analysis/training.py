@@ -635,6 +635,8 @@ def optimizers(flow: Flow) -> Iterator[Optimizer]:
 #: torch functions that make a tensor from numbers (``torch.tensor(1., requires_grad=True)``)
 _TENSOR_MAKERS = frozenset({"tensor", "ones", "zeros", "rand", "randn", "randint", "arange",
                             "linspace", "full", "empty", "eye", "as_tensor", "from_numpy"})
+#: a tensor's attributes that are tensors of its own (``a.grad``)
+_TENSOR_VIEWS = frozenset({"grad", "data", "T", "mT"})
 #: how many assignments and calls :func:`_tensor_only` follows back from a loss
 _TENSOR_DEPTH = 16
 
@@ -643,30 +645,37 @@ def _tensor_only(flow: Flow, scope: _Scope, loss: ast.expr) -> bool:
     """Is ``loss`` computed from tensors the file makes with torch (``torch.tensor(1.,
     requires_grad=True)``) by arithmetic, torch functions and tensor methods alone, with no
     module, criterion or other call in between (``y = w * x + b; y.backward()``)? A name is
-    followed through every assignment of it in its scope (or the module's); anything not seen
-    through (a parameter, a loop variable, an attribute) is not."""
-    only, saw = _plain(flow, scope, loss, 0)
+    followed through every assignment of it in its scope (or the module's), an in-place update
+    from its own gradient too (``a -= lr * a.grad``); anything not seen through (a parameter, a
+    loop variable, another attribute) is not."""
+    only, saw = _plain(flow, scope, loss, 0, frozenset())
     return only and saw
 
 
-def _plain(flow: Flow, scope: _Scope, node: ast.expr, depth: int) -> tuple[bool, bool]:
-    """(computed from plain tensors and numbers only, a tensor made by torch seen)"""
+def _plain(flow: Flow, scope: _Scope, node: ast.expr, depth: int,
+           following: frozenset[str]) -> tuple[bool, bool]:
+    """(computed from plain tensors and numbers only, a tensor made by torch seen); the names
+    in ``following`` are being followed already (a name updated from itself adds nothing)."""
     if depth > _TENSOR_DEPTH:
         return False, False
     if isinstance(node, ast.Constant):
         return type(node.value) in (int, float), False
     if isinstance(node, ast.Name):
+        if node.id in following:
+            return True, False
         owner = flow.owner(scope, node.id)
         values = owner.assigns.get(node.id, []) if owner is not None else []
         if not values:
             return False, False
-        return _all_plain(flow, owner, values, depth)
+        return _all_plain(flow, owner, values, depth, following | {node.id})
+    if isinstance(node, ast.Attribute) and node.attr in _TENSOR_VIEWS:
+        return _plain(flow, scope, node.value, depth + 1, following)
     if isinstance(node, ast.BinOp):
-        return _all_plain(flow, scope, [node.left, node.right], depth)
+        return _all_plain(flow, scope, [node.left, node.right], depth, following)
     if isinstance(node, ast.UnaryOp):
-        return _plain(flow, scope, node.operand, depth + 1)
+        return _plain(flow, scope, node.operand, depth + 1, following)
     if isinstance(node, ast.Subscript):
-        return _plain(flow, scope, node.value, depth + 1)
+        return _plain(flow, scope, node.value, depth + 1, following)
     if not isinstance(node, ast.Call):
         return False, False
     qual = flow.imports.ast_qualname(node.func) or ""
@@ -674,17 +683,17 @@ def _plain(flow: Flow, scope: _Scope, node: ast.expr, depth: int) -> tuple[bool,
         if qual.rsplit(".", 1)[-1] in _TENSOR_MAKERS:
             return True, True
         args = [a.value if isinstance(a, ast.Starred) else a for a in node.args]
-        return _all_plain(flow, scope, args, depth, (True, False))
+        return _all_plain(flow, scope, args, depth, following)
     if isinstance(node.func, ast.Attribute) and not qual.startswith("torch."):
-        return _plain(flow, scope, node.func.value, depth + 1)  # `(x * x).sum()`, `z.mean()`
+        return _plain(flow, scope, node.func.value, depth + 1, following)  # `(x * x).sum()`
     return False, False
 
 
 def _all_plain(flow: Flow, scope: _Scope, nodes: list[ast.expr], depth: int,
-               start: tuple[bool, bool] = (True, False)) -> tuple[bool, bool]:
-    only, saw = start
+               following: frozenset[str]) -> tuple[bool, bool]:
+    only, saw = True, False
     for node in nodes:
-        one, seen = _plain(flow, scope, node, depth + 1)
+        one, seen = _plain(flow, scope, node, depth + 1, following)
         only, saw = only and one, saw or seen
     return only, saw
 
