@@ -186,3 +186,18 @@ def test_a_leaf_updated_from_its_own_gradient_stays_a_plain_tensor() -> None:
         loss += model(torch.randn(3, 2)).sum()
         loss.backward()
         """).tensor_only == {}
+
+
+def test_the_loss_of_torch_autograd_backward_is_its_argument() -> None:
+    plain = _training("""\
+        import torch
+        w = torch.tensor(2., requires_grad=True)
+        torch.autograd.backward(w * w)
+        """)
+    assert plain.tensor_only == {(): {0}} and plain.trains_no_model
+    model = _training("""\
+        import torch
+        model = torch.nn.Linear(2, 1)
+        torch.autograd.backward(model(torch.ones(2)).sum())
+        """)
+    assert model.tensor_only == {} and model.build_sites  # `model` is found from its loss

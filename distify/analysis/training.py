@@ -222,8 +222,9 @@ class Collector:
         func = node.func
         if isinstance(func, ast.Attribute):
             receiver = dotted(func.value) or _root(func.value)
-            if func.attr == "backward":
-                scope.backwards.append(func.value)
+            if func.attr == "backward":  # `loss.backward()`; `torch.autograd.backward(loss)`
+                scope.backwards.append(node.args[0] if node.args and self.imports.ast_qualname(
+                    func) == "torch.autograd.backward" else func.value)
             if receiver is not None:
                 scope.methods.setdefault(receiver, set()).add(func.attr)
             if func.attr == "step" and node.args and "scaler" in (receiver or "").lower():
