@@ -201,3 +201,18 @@ def test_the_loss_of_torch_autograd_backward_is_its_argument() -> None:
         torch.autograd.backward(model(torch.ones(2)).sum())
         """)
     assert model.tensor_only == {} and model.build_sites  # `model` is found from its loss
+
+
+def test_a_name_about_loaders_is_one_test_for_both_trees() -> None:
+    import libcst as cst
+
+    from distify.analysis.loaders import is_loaderish, names_a_loader
+
+    spellings = ["train_loader", "self.val_DataLoader", "loaders", "self.dl", "loader_cfg.x",
+                 "batches", "self.loader.dataset"]
+    for spelling in spellings:
+        says = names_a_loader(spelling)
+        assert is_loaderish(ast.parse(spelling, mode="eval").body, lambda f: None) == says
+        assert is_loaderish(cst.parse_expression(spelling), lambda f: None) == says, spelling
+    assert [s for s in spellings if names_a_loader(s)] == [
+        "train_loader", "self.val_DataLoader", "loaders"]

@@ -99,10 +99,9 @@ def is_loaderish(node: Any, qualname: Qualname, *, known: Callable[[str], bool] 
             and is_loaderish(value, qualname, known=known)
     if isinstance(node, kinds.name):
         name = node.id if kinds.ast else node.value
-        return "loader" in name.lower() or (known is not None and known(name))
+        return names_a_loader(name) or (known is not None and known(name))
     if isinstance(node, kinds.attribute):
-        name = node.attr if kinds.ast else node.attr.value
-        if "loader" in name.lower():
+        if names_a_loader(node.attr if kinds.ast else node.attr.value):
             return True
         dotted = ast_dotted_name(node) if kinds.ast else dotted_name(node)
         return known is not None and dotted is not None and known(dotted)
