@@ -216,3 +216,32 @@ def test_a_name_about_loaders_is_one_test_for_both_trees() -> None:
         assert is_loaderish(cst.parse_expression(spelling), lambda f: None) == says, spelling
     assert [s for s in spellings if names_a_loader(s)] == [
         "train_loader", "self.val_DataLoader", "loaders"]
+
+
+def test_the_facts_name_the_loaders_and_their_iterators_in_source_order() -> None:
+    """What accumulation's micro-steps and the throughput counters read (they walked the
+    module for it themselves). No backward here: the facts' walk is breadth first, and
+    `it = iter(train_loader)` at the top level is met before the function that builds
+    `train_loader` above it."""
+    from distify.analysis.facts import gather_facts, parse_ast
+
+    data = textwrap.dedent("""\
+        import torch
+        from torch.utils.data import DataLoader as DL
+
+        def build(ds):
+            global train_loader
+            train_loader = DL(ds, batch_size=4)
+
+        class Trainer:
+            def __init__(self, ds):
+                self.val = DL(ds)
+
+        it = iter(train_loader)
+        early = iter(late)
+        late = DL(torch.arange(8))
+        other = iter(range(3))
+        """).encode()
+    facts = gather_facts(parse_ast(data, "t.py"), data, default_rules())
+    assert facts.loader_targets == {"train_loader", "self.val", "late"}
+    assert facts.loader_iterators == {"it"}

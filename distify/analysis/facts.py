@@ -50,6 +50,12 @@ class FileFacts:
     #: DataLoader built in the call, a name bound to one, a name about loaders); a function
     #: not in it has no call here that binds its parameters (called from elsewhere)
     loader_params: dict[str, set[str]] = field(default_factory=dict)
+    #: targets (as ``ast.unparse`` writes them: ``train_loader``, ``self.loader``) assigned a
+    #: DataLoader the file builds (a call the ``dataloaders`` rules name) ...
+    loader_targets: set[str] = field(default_factory=set)
+    #: ... and those assigned ``iter()`` of one of them (``it = iter(train_loader)``), in
+    #: source order: an ``iter()`` before the loader's assignment is no iterator of it
+    loader_iterators: set[str] = field(default_factory=set)
     #: the longest line, in characters: the file's own line-length habit
     longest_line: int = 0
     #: the file seeds a random generator somewhere (``torch.manual_seed``, ``set_seed``, ...)
@@ -198,23 +204,37 @@ def gather_facts(tree: ast.Module, source: bytes, rules: RuleSet) -> FileFacts:
         facts.evaluation = flow.result(tree)
     facts.builds_loaders = any(name.rsplit(".", 1)[-1].encode() in source
                                for name in rules.names("dataloaders"))
+    _loader_targets(facts, assigns, rules)
     if facts.builds_loaders:
-        facts.loader_params = _loader_params(functions, calls, assigns, facts.imports, rules)
+        facts.loader_params = _loader_params(functions, calls, facts.loader_targets,
+                                             facts.imports, rules)
     return facts
 
 
+def _loader_targets(facts: FileFacts, assigns: list[ast.Assign], rules: RuleSet) -> None:
+    """:attr:`FileFacts.loader_targets` and :attr:`FileFacts.loader_iterators` from the file's
+    assignments (gathered by the walk of :func:`gather_facts`, in its order: put back in
+    source order here)."""
+    loaders, iterators = facts.loader_targets, facts.loader_iterators
+    for node in sorted(assigns, key=lambda a: (a.lineno, a.col_offset)):
+        value = node.value
+        if not isinstance(value, ast.Call):
+            continue
+        if rules.match("dataloaders", facts.imports.ast_qualname(value.func)):
+            loaders.update(ast.unparse(t) for t in node.targets)
+        elif isinstance(value.func, ast.Name) and value.func.id == "iter" and value.args \
+                and ast.unparse(value.args[0]) in loaders:
+            iterators.update(ast.unparse(t) for t in node.targets)
+
+
 def _loader_params(functions: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]],
-                   calls: list[ast.Call], assigns: list[ast.Assign], imports: ImportMap,
+                   calls: list[ast.Call], targets: set[str], imports: ImportMap,
                    rules: RuleSet) -> dict[str, set[str]]:
     """See :attr:`FileFacts.loader_params`: calls by plain name (``evaluate(model, loader)``)
     and on ``self`` (``self.evaluate(loader)``), bound to the parameters of the file's
-    functions of that name (the file's functions by name, calls and assignments, from the walk
-    of :func:`gather_facts`)."""
-    loaders: set[str] = set()
-    for node in assigns:
-        if isinstance(node.value, ast.Call) \
-                and rules.match("dataloaders", imports.ast_qualname(node.value.func)):
-            loaders.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    functions of that name (the file's functions by name and calls, from the walk of
+    :func:`gather_facts`; ``targets``: :attr:`FileFacts.loader_targets`)."""
+    loaders = {target for target in targets if target.isidentifier()}  # plain names
 
     def is_loader(value: ast.expr) -> bool:
         return is_loaderish(value, imports.ast_qualname,

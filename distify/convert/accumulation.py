@@ -148,14 +148,13 @@ class AccumulationMixin(TransformerBase):
                                  for line in found.last_loss}
         state.losses = {name for found in state.micro_steps.values() for name in found.losses}
         if names_a_counter(self.facts.bound):  # else no line sets one: skip the two walks
-            loaders = _LoaderNames(self)
-            walk(node, loaders)
             fed: set[int] = set()
             for flow in (self.ctx.draw_flow, self.ctx.stream_flow):
                 if flow is not None:
                     fed |= flow.fed_backwards
-            state.counter_lines = counter_lines(node, loaders.loaders, loaders.iterators, fed,
-                                                {f.count for f in state.micro_steps.values()})
+            state.counter_lines = counter_lines(
+                node, self.facts.loader_targets, self.facts.loader_iterators, fed,
+                {f.count for f in state.micro_steps.values()})
         if "accumulation" in self.skip:  # the micro-step loops are plain loops from here on
             self._accumulation = AccumulationState(skipped_micro=set(state.micro_steps))
 
@@ -179,11 +178,10 @@ class AccumulationMixin(TransformerBase):
                 return True
         if not found.nexts:
             return False
-        loaders = _LoaderNames(self)
-        walk(module, loaders)
-        return any(_code(source) in loaders.iterators or (
+        facts = self.facts
+        return any(_code(source) in facts.loader_iterators or (
             isinstance(source, cst.Call) and dotted_name(source.func) == "iter"
-            and source.args and _code(source.args[0].value) in loaders.loaders)
+            and source.args and _code(source.args[0].value) in facts.loader_targets)
             for source in found.nexts)
 
     # ---------------------------------------------------------------- the micro-step loop
@@ -350,27 +348,6 @@ class AccumulationMixin(TransformerBase):
         self._edit(new, "accumulation", f"`{name}` counts every process's share of the step "
                    f"(× `{self.rt}.world_size()`; the same number at world size 1)")
         return new
-
-
-class _LoaderNames(cst.CSTVisitor):
-    """Names bound to a DataLoader built in the file (by qualified name), and to ``iter()``
-    of one."""
-
-    def __init__(self, owner: TransformerBase) -> None:
-        self.owner = owner
-        self.loaders: set[str] = set()
-        self.iterators: set[str] = set()
-
-    def visit_Assign(self, node: cst.Assign) -> None:
-        value = _strip_parens(node.value)
-        if not isinstance(value, cst.Call):
-            return
-        names = {_code(t.target) for t in node.targets}
-        if self.owner.rules.match("dataloaders", self.owner._qual(value.func)):
-            self.loaders |= names
-        elif dotted_name(value.func) == "iter" and value.args \
-                and _code(value.args[0].value) in self.loaders:
-            self.iterators |= names
 
 
 def _is_counter(assign: cst.Assign) -> bool:
