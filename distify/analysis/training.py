@@ -640,6 +640,8 @@ _TENSOR_MAKERS = frozenset({"tensor", "ones", "zeros", "rand", "randn", "randint
 _TENSOR_VIEWS = frozenset({"grad", "data", "T", "mT"})
 #: how many assignments and calls :func:`_tensor_only` follows back from a loss
 _TENSOR_DEPTH = 16
+#: how many expressions it reads for one loss at most (a loss past it is not plain)
+_TENSOR_STEPS = 2000
 
 
 def _tensor_only(flow: Flow, scope: _Scope, loss: ast.expr) -> bool:
@@ -648,55 +650,66 @@ def _tensor_only(flow: Flow, scope: _Scope, loss: ast.expr) -> bool:
     module, criterion or other call in between (``y = w * x + b; y.backward()``)? A name is
     followed through every assignment of it in its scope (or the module's), an in-place update
     from its own gradient too (``a -= lr * a.grad``); anything not seen through (a parameter, a
-    loop variable, another attribute) is not."""
-    only, saw = _plain(flow, scope, loss, 0, frozenset())
+    loop variable, another attribute) is not, nor a loss too tangled to follow."""
+    only, saw = _Plain(flow).test(scope, loss, 0, frozenset())
     return only and saw
 
 
-def _plain(flow: Flow, scope: _Scope, node: ast.expr, depth: int,
-           following: frozenset[str]) -> tuple[bool, bool]:
-    """(computed from plain tensors and numbers only, a tensor made by torch seen); the names
-    in ``following`` are being followed already (a name updated from itself adds nothing)."""
-    if depth > _TENSOR_DEPTH:
-        return False, False
-    if isinstance(node, ast.Constant):
-        return type(node.value) in (int, float), False
-    if isinstance(node, ast.Name):
-        if node.id in following:
-            return True, False
-        owner = flow.owner(scope, node.id)
-        values = owner.assigns.get(node.id, []) if owner is not None else []
-        if not values:
+class _Plain:
+    """One :func:`_tensor_only` question: every assignment of a name is followed, so a budget
+    of steps bounds a file that reassigns many names many times."""
+
+    def __init__(self, flow: Flow) -> None:
+        self.flow = flow
+        self.steps = _TENSOR_STEPS
+
+    def test(self, scope: _Scope, node: ast.expr, depth: int,
+             following: frozenset[str]) -> tuple[bool, bool]:
+        """(computed from plain tensors and numbers only, a tensor made by torch seen); the
+        names in ``following`` are being followed already (a name updated from itself adds
+        nothing)."""
+        self.steps -= 1
+        if depth > _TENSOR_DEPTH or self.steps < 0:
             return False, False
-        return _all_plain(flow, owner, values, depth, following | {node.id})
-    if isinstance(node, ast.Attribute) and node.attr in _TENSOR_VIEWS:
-        return _plain(flow, scope, node.value, depth + 1, following)
-    if isinstance(node, ast.BinOp):
-        return _all_plain(flow, scope, [node.left, node.right], depth, following)
-    if isinstance(node, ast.UnaryOp):
-        return _plain(flow, scope, node.operand, depth + 1, following)
-    if isinstance(node, ast.Subscript):
-        return _plain(flow, scope, node.value, depth + 1, following)
-    if not isinstance(node, ast.Call):
+        if isinstance(node, ast.Constant):
+            return type(node.value) in (int, float), False
+        if isinstance(node, ast.Name):
+            if node.id in following:
+                return True, False
+            owner = self.flow.owner(scope, node.id)
+            values = owner.assigns.get(node.id, []) if owner is not None else []
+            if not values:
+                return False, False
+            return self.all(owner, values, depth, following | {node.id})
+        if isinstance(node, ast.Attribute) and node.attr in _TENSOR_VIEWS:
+            return self.test(scope, node.value, depth + 1, following)
+        if isinstance(node, ast.BinOp):
+            return self.all(scope, [node.left, node.right], depth, following)
+        if isinstance(node, ast.UnaryOp):
+            return self.test(scope, node.operand, depth + 1, following)
+        if isinstance(node, ast.Subscript):
+            return self.test(scope, node.value, depth + 1, following)
+        if not isinstance(node, ast.Call):
+            return False, False
+        qual = self.flow.imports.ast_qualname(node.func) or ""
+        if qual.startswith("torch.") and not qual.startswith(("torch.nn.", "torch.optim.")):
+            if qual.rsplit(".", 1)[-1] in _TENSOR_MAKERS:
+                return True, True
+            args = [a.value if isinstance(a, ast.Starred) else a for a in node.args]
+            return self.all(scope, args, depth, following)
+        if isinstance(node.func, ast.Attribute) and not qual.startswith("torch."):
+            return self.test(scope, node.func.value, depth + 1, following)  # `(x * x).sum()`
         return False, False
-    qual = flow.imports.ast_qualname(node.func) or ""
-    if qual.startswith("torch.") and not qual.startswith(("torch.nn.", "torch.optim.")):
-        if qual.rsplit(".", 1)[-1] in _TENSOR_MAKERS:
-            return True, True
-        args = [a.value if isinstance(a, ast.Starred) else a for a in node.args]
-        return _all_plain(flow, scope, args, depth, following)
-    if isinstance(node.func, ast.Attribute) and not qual.startswith("torch."):
-        return _plain(flow, scope, node.func.value, depth + 1, following)  # `(x * x).sum()`
-    return False, False
 
-
-def _all_plain(flow: Flow, scope: _Scope, nodes: list[ast.expr], depth: int,
-               following: frozenset[str]) -> tuple[bool, bool]:
-    only, saw = True, False
-    for node in nodes:
-        one, seen = _plain(flow, scope, node, depth + 1, following)
-        only, saw = only and one, saw or seen
-    return only, saw
+    def all(self, scope: _Scope, nodes: list[ast.expr], depth: int,
+            following: frozenset[str]) -> tuple[bool, bool]:
+        only, saw = True, False
+        for node in nodes:
+            one, seen = self.test(scope, node, depth + 1, following)
+            only, saw = only and one, saw or seen
+            if not only:
+                break  # one impure part settles it
+        return only, saw
 
 
 def _steps_a_known_optimizer(flow: Flow, training: Training, scope: _Scope) -> bool:
