@@ -261,3 +261,55 @@ def test_a_tangle_of_reassigned_names_is_followed_within_a_budget() -> None:
     training = _training("\n".join(lines) + "\n")
     assert time.perf_counter() - start < 10
     assert training.tensor_only == {} and training.backward_count == 1
+
+
+
+_NESTED = """\
+import torch
+import torch.nn as nn
+
+net = nn.Linear(2, 1)
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+
+
+class Runner:
+    def run(self):
+        def inner():
+            w = torch.ones(2, requires_grad=True)
+            (w * 3).sum().backward()
+            net(torch.ones(2)).sum().backward()
+        inner()
+        net(torch.ones(2)).sum().backward()
+        v = torch.zeros(1, requires_grad=True)
+        (v + 1).sum().backward()
+
+    async def arun(self):
+        net(torch.ones(2)).sum().backward()
+        u = torch.ones(1, requires_grad=True)
+        go = lambda: (u * 2).sum().backward()
+        go()
+
+
+q = torch.ones(1, requires_grad=True)
+for step in range(2):
+    [(q * k).sum().backward() for k in range(2)]
+    net(torch.ones(2)).sum().backward()
+    opt.step()
+"""
+
+
+def test_nested_defs_async_defs_lambdas_and_comprehensions_count_alike() -> None:
+    """The rewrite's scope path and ordinal meet the analysis' everywhere a backward can be:
+    the plain ones (nested def, method, lambda) stay as written, the model's go through the
+    runtime, a comprehension's `(q * k)` (k is no tensor the file makes) too; and no plain
+    one is noted as a loss whose model cannot be found."""
+    from distify.convert.engine import convert_source
+
+    result = convert_source(_NESTED.encode(), "t.py")
+    out = result.output.decode().splitlines()
+    plain = [c.line for c in result.changes if "plain tensors" in c.message]
+    assert [out[n - 1].strip() for n in plain] == [
+        "(w * 3).sum().backward()", "(v + 1).sum().backward()",
+        "go = lambda: (u * 2).sum().backward()"]
+    assert sum("distify.backward(" in line for line in out) == 5
+    assert not [n for n in result.notes if n.kind == "model"]
