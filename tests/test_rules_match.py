@@ -45,3 +45,16 @@ def test_the_first_entry_that_matches_as_a_scan_finds_it(tmp_path: Path) -> None
                     (category, name)
     mine = load_rules([pack]).match("collectives", "mylib.reduce")
     assert mine is not None and mine.pattern != "mylib.reduce"  # an earlier entry won
+
+
+def test_bundled_packs_read_the_same_without_their_folder(monkeypatch, tmp_path):
+    """A plain install reads the packs from the package's folder (no ``importlib.resources``
+    import at start-up); a zipped one, whose folder is not on disk, through
+    ``importlib.resources``: the same packs, in the same order."""
+    import distify.rules as rules_module
+
+    from_folder = rules_module._bundled_packs()
+    assert [name for name, _ in from_folder] == sorted(name for name, _ in from_folder)
+    assert "rules/torch.yaml" in [name for name, _ in from_folder]
+    monkeypatch.setattr(rules_module, "__file__", str(tmp_path / "rules.py"))
+    assert rules_module._bundled_packs() == from_folder
