@@ -46,6 +46,7 @@ from distify.analysis.effects import (
 from distify.analysis.evaluation import is_eval_context
 from distify.analysis.names import dotted_name
 from distify.analysis.stops import calls_in, local_callee
+from distify.analysis.walk import walk
 from distify.convert.base import TransformerBase
 from distify.convert.driver import handles
 from distify.convert.stops import nodes_in
@@ -813,14 +814,19 @@ def _tracker_classes(module: cst.Module, mixin: SideEffectMixin) -> set[str]:
     whose ``__init__`` builds one (a TensorFlow ``FileWriter`` wrapper). Model classes never."""
     found: set[str] = set()
     classes = [s for s in module.body if isinstance(s, cst.ClassDef)]
+    builds: dict[int, bool] = {}  # each class's __init__ is read once, not once per round
     for _ in range(3):  # a subclass of a local tracker class is one too
         for cls in classes:
             name = cls.name.value
             if name in found or name in mixin.facts.model_classes:
                 continue
             bases = [mixin.facts.imports.cst_loose_qualname(b.value) for b in cls.bases]
-            if any(b in found or _is_tracker(mixin, b) for b in bases) or _builds_tracker(
-                    cls, mixin):
+            if any(b in found or _is_tracker(mixin, b) for b in bases):
+                found.add(name)
+                continue
+            if id(cls) not in builds:
+                builds[id(cls)] = _builds_tracker(cls, mixin)
+            if builds[id(cls)]:
                 found.add(name)
     return found
 
@@ -836,16 +842,22 @@ def _builds_tracker(cls: cst.ClassDef, mixin: SideEffectMixin) -> bool:
                                                                cst.IndentedBlock) else None
     if init is None:
         return False
-    found = False
+    finder = _TrackerCalls(mixin)
+    walk(init, finder)
+    return finder.found
 
-    class Calls(cst.CSTVisitor):
-        def visit_Call(self, node: cst.Call) -> None:
-            nonlocal found
-            found = found or _is_tracker(
-                mixin, mixin.facts.imports.cst_loose_qualname(node.func))
 
-    init.visit(Calls())
-    return found
+class _TrackerCalls(cst.CSTVisitor):
+    """Does a subtree call a tracker's constructor? (One class, so :func:`walk` plans it once.)"""
+
+    def __init__(self, mixin: SideEffectMixin) -> None:
+        super().__init__()
+        self.mixin = mixin
+        self.found = False
+
+    def visit_Call(self, node: cst.Call) -> None:
+        self.found = self.found or _is_tracker(
+            self.mixin, self.mixin.facts.imports.cst_loose_qualname(node.func))
 
 
 def _written_text(node: cst.BaseExpression) -> str | None:
