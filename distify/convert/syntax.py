@@ -172,7 +172,38 @@ def _is_method_call(node: cst.BaseExpression, method: str) -> bool:
 
 
 def _code(node: cst.CSTNode) -> str:
+    kind = type(node)
+    if kind in _ONE_TOKEN:
+        if not node.lpar:
+            return node.value
+    elif kind is cst.Attribute:
+        dotted = _plain_dotted(node)
+        if dotted is not None:
+            return dotted
     return cst.Module([]).code_for_node(node)
+
+
+#: one token, their ``value``, when they have no parentheses
+_ONE_TOKEN = frozenset({cst.Name, cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString})
+
+
+def _plain_dotted(node: cst.Attribute) -> str | None:
+    """``a.b.c`` written without parentheses or spaces: its code, without generating it (most
+    of the converter's ``_code`` calls); None for anything else."""
+    parts = []
+    value: cst.BaseExpression = node
+    while type(value) is cst.Attribute:
+        dot = value.dot
+        if value.lpar or type(dot.whitespace_before) is not cst.SimpleWhitespace \
+                or dot.whitespace_before.value or type(dot.whitespace_after) \
+                is not cst.SimpleWhitespace or dot.whitespace_after.value:
+            return None
+        parts.append(value.attr.value)
+        value = value.value
+    if type(value) is not cst.Name or value.lpar:
+        return None
+    parts.append(value.value)
+    return ".".join(reversed(parts))
 
 
 def _clone(node: cst.BaseExpression) -> cst.BaseExpression:
