@@ -604,6 +604,8 @@ def _count_lines(module: cst.Module, counts: set[str]) -> dict[str, _Count]:
     """Each count name set exactly once in the file (a plain name), with whether it stands for
     a declared total batch: a floor division (``total_batch_size // (B * T)``), or a number
     whose comment says so."""
+    if not counts:  # no micro-step loop: nothing to look for (most files)
+        return {}
     lines: dict[str, list[cst.SimpleStatementLine]] = {}
     changed: set[str] = set()
 
