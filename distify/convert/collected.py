@@ -29,6 +29,7 @@ import libcst as cst
 
 from distify.analysis.loaders import names_a_loader
 from distify.analysis.names import dotted_name
+from distify.analysis.walk import walk
 from distify.convert.base import TransformerBase
 from distify.convert.context import _Loop
 from distify.convert.driver import handles
@@ -142,7 +143,7 @@ class CollectedMixin(TransformerBase):
         loop = self.ctx.loops[-1]
         if self._surely_a_loader(loop) and self._in_eval():
             inner = _InnerAppends()
-            node.body.visit(inner)
+            walk(node.body, inner)
             lists = self._scope.lists
             if inner.names & lists:  # every list it fills, to keep them paired
                 loop.after = sorted(inner.names | inner.outer)

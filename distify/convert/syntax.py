@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import libcst as cst
 
 from distify.analysis.names import dotted_name, read_names
-from distify.analysis.walk import child_fields, is_node_type
+from distify.analysis.walk import child_fields, is_node_type, walk
 
 _PARAM_METHODS = {"parameters", "named_parameters"}
 _DEVICE_WORDS = ("cuda", "mps", "xpu")
@@ -126,13 +126,13 @@ class _Finder(cst.CSTVisitor):
 
 def _has_modulo(node: cst.CSTNode) -> bool:
     finder = _Finder()
-    node.visit(finder)
+    walk(node, finder)
     return finder.found
 
 
 def _calls_method(node: cst.CSTNode, method: str) -> bool:
     finder = _Finder(method)
-    node.visit(finder)
+    walk(node, finder)
     return finder.found
 
 
@@ -263,7 +263,7 @@ class _ParameterRoots(cst.CSTVisitor):
 def _parameter_roots(node: cst.CSTNode) -> list[str]:
     """``model.fc.parameters()`` → ``model``; ``self.net.parameters()`` → ``self.net``."""
     finder = _ParameterRoots()
-    node.visit(finder)
+    walk(node, finder)
     return finder.roots
 
 
@@ -324,5 +324,5 @@ def _selects_accelerator(call: cst.Call, qual: str) -> bool:
         return True
     finder = _DeviceStrings()
     for arg in call.args:
-        arg.visit(finder)
+        walk(arg, finder)
     return finder.found
