@@ -409,3 +409,34 @@ def test_what_the_device_notes_report_fails_on_the_standin_and_their_fix_runs(
         assert not result["ok"] and MIXED in result["error"], result
         fixed = results[str(tmp_path / f"{name}_fixed")]
         assert fixed["ok"] and fixed["models"] == ["standin"], fixed
+
+
+@pytest.mark.parametrize("assigned, noted", [
+    ('"cpu" if args.cpu else "cuda"', False),  # a flag's choice: this process's own device
+    ('"cuda"', False),                            # becomes rt.device().type
+    ("args.device", True),                        # a setting: every process would share it
+])
+def test_torch_device_of_a_name_is_noted_only_when_the_name_may_not_be_per_process(
+        assigned: str, noted: bool) -> None:
+    """`torch.device(device)` inside a re-aligned `print(...)` (the report keeps changes made
+    there): no note where `device` already holds this process's own device."""
+    source = textwrap.dedent(f"""\
+        import argparse
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+        args = argparse.ArgumentParser().parse_args()
+        device = {assigned}
+        print(f"device: {{torch.device(device).type}}",
+              "ok")
+        model = torch.nn.Linear(2, 1).to(device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x, y in DataLoader(TensorDataset(torch.randn(8, 2), torch.randn(8, 1))):
+            loss = ((model(x.to(device)) - y.to(device)) ** 2).mean()
+            loss.backward()
+            optimizer.step()
+        """)
+    result = convert_source(source.encode(), "train.py")
+    said = [n.line for n in result.notes if "the device comes from a setting" in n.message]
+    line = next(number for number, text in enumerate(result.output.decode().splitlines(), 1)
+                if "torch.device(device)" in text)
+    assert said == ([line] if noted else []), [(n.line, n.message) for n in result.notes]

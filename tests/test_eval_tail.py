@@ -72,6 +72,19 @@ def test_a_mean_criterion_summed_is_reported_as_per_batch_means() -> None:
     assert "equals the single-process value" in said["loss_sum"]
 
 
+
+def test_a_change_inside_a_renamed_prints_arguments_is_reported() -> None:
+    """`distify.reduce(len(test_loader))` is written inside `print(...)`'s arguments, which the
+    rename to `distify.print` re-aligns: the report says so on its line (it once dropped every
+    change inside re-aligned arguments, since they were rebuilt node by node)."""
+    result = _convert("criterion_mean_sum")
+    lines = result.output.decode().splitlines()
+    reported = {item.line for item in result.changes if item.kind == "reduce"
+                and "`len(test_loader)` counts this process's batches" in item.message}
+    written = {number for number, line in enumerate(lines, 1)
+               if "distify.reduce(len(test_loader))" in line}
+    assert len(written) == 2 and reported == written, (reported, written)
+
 # ---------------------------------------------------------------- real runs
 PLANS = {"imagenet_meters": Plan(), "eval_without_no_grad": Plan(),
          "criterion_mean_sum": Plan()}

@@ -395,7 +395,10 @@ class DeviceMixin(TransformerBase):
             new = self._rt_call("device")
             self._edit(new, "device", "each process uses its own device")
             return new
-        if qual.endswith(".device") and original.args and not _literal_args(original):
+        if qual.endswith(".device") and original.args and not _literal_args(original) \
+                and not (len(original.args) == 1 and isinstance(original.args[0].value, cst.Name)
+                         and original.args[0].value.value in self.__dict__.get("_own_devices",
+                                                                              ())):
             self._edit(updated, "device", "the device comes from a setting: under distify every "
                        f"process must use its own, `{self.rt}.device()` (a setting such as "
                        "'cuda' would put every process on the first GPU)", human=True)
@@ -436,7 +439,22 @@ class DeviceMixin(TransformerBase):
         if len(updated.targets) != 1:
             return updated
         self._remember_flag(updated.targets[0].target, updated.value)
-        return self._unless_skipped("device", updated, lambda: self._device_assign(updated))
+        new = self._unless_skipped("device", updated, lambda: self._device_assign(updated))
+        self._remember_own_device(new.targets[0].target, new.value)
+        return new
+
+    def _remember_own_device(self, target: cst.BaseAssignTargetExpression,
+                             value: cst.BaseExpression) -> None:
+        """``device = "cpu" if not rt.device_choice(...) else rt.device().type`` (a flag's
+        choice), ``device = rt.device()``: the name holds this process's own device from here
+        on, so ``torch.device(device)`` needs no note; assigned anything else, it may not."""
+        if not isinstance(target, cst.Name):
+            return
+        names = self.__dict__.setdefault("_own_devices", set())
+        own = self._chosen_by_flag(value) or self._is_rt_device(value) or (
+            isinstance(value, cst.Attribute) and value.attr.value == "type"
+            and self._is_rt_device(value.value))
+        (names.add if own else names.discard)(target.value)
 
     def _device_assign(self, updated: cst.Assign) -> cst.Assign:
         choice = self._device_choice(updated.value)
