@@ -27,7 +27,8 @@ _AFTER_STATEMENT = "SideEffectMixin._side_effects_after_statement"
 # the outermost mixin's code last on the way out); changing it changes conversions.
 ORDER = {
     "visit_Module": (
-        "TransformerBase._base_on_module", "MeterMixin._meters_on_module",
+        "TransformerBase._base_on_module", "DeviceMixin._devices_on_module",
+        "MeterMixin._meters_on_module",
         "StreamShardMixin._bptt_on_module", "RandomnessMixin._randomness_on_module",
         "SideEffectMixin._side_effects_on_module", "FullBatchMixin._full_batch_on_module",
         "StopMixin._stops_on_module", "BatchShapeMixin._batch_shapes_on_module",
@@ -295,6 +296,7 @@ def train(epochs):
 FAMILY_STATES = {
     "_accumulation": "distify.convert.accumulation.AccumulationState",
     "_batch_shapes": "distify.convert.batch_shapes.BatchShapeState",
+    "_devices": "distify.convert.devices.DeviceState",
     "_full_batch": "distify.convert.full_batch.FullBatchState",
     "_meters": "distify.convert.meters.MeterState",
     "_side_effects": "distify.convert.side_effects.SideEffectState",

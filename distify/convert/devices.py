@@ -18,6 +18,7 @@ device`` still works, ``torch.autocast(device_type=device)`` still gets a string
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from typing import Callable
 
 import libcst as cst
@@ -382,7 +383,25 @@ def _is_int(node: cst.BaseExpression) -> bool:
     return isinstance(node, cst.Integer)
 
 
+@dataclass(slots=True)
+class DeviceState:
+    """What :class:`DeviceMixin` keeps while it walks one module (``self._devices``)."""
+
+    #: bare names that hold a flag read in place (``cpu = args.cpu``)
+    flag_names: set[str] = field(default_factory=set)
+    #: ids of the ``x if rt.device_choice(...) else y`` choices the rewrite made
+    flag_choices: set[int] = field(default_factory=set)
+    #: names that hold this process's own device now (a flag's choice, ``rt.device()``)
+    own_devices: set[str] = field(default_factory=set)
+
+
 class DeviceMixin(TransformerBase):
+    _devices: DeviceState
+
+    @handles("visit_Module")
+    def _devices_on_module(self, node: cst.Module) -> None:
+        self._devices = DeviceState()
+
     def _rewrite_device(self, original: cst.Call, updated: cst.Call,
                         qual: str) -> cst.BaseExpression | None:
         if not self.rules.match("device_selectors", qual):
@@ -397,8 +416,7 @@ class DeviceMixin(TransformerBase):
             return new
         if qual.endswith(".device") and original.args and not _literal_args(original) \
                 and not (len(original.args) == 1 and isinstance(original.args[0].value, cst.Name)
-                         and original.args[0].value.value in self.__dict__.get("_own_devices",
-                                                                              ())):
+                         and original.args[0].value.value in self._devices.own_devices):
             self._edit(updated, "device", "the device comes from a setting: under distify every "
                        f"process must use its own, `{self.rt}.device()` (a setting such as "
                        "'cuda' would put every process on the first GPU)", human=True)
@@ -450,7 +468,7 @@ class DeviceMixin(TransformerBase):
         on, so ``torch.device(device)`` needs no note; assigned anything else, it may not."""
         if not isinstance(target, cst.Name):
             return
-        names = self.__dict__.setdefault("_own_devices", set())
+        names = self._devices.own_devices
         own = self._chosen_by_flag(value) or self._is_rt_device(value) or (
             isinstance(value, cst.Attribute) and value.attr.value == "type"
             and self._is_rt_device(value.value))
@@ -484,12 +502,12 @@ class DeviceMixin(TransformerBase):
         read in place (no availability check: that assignment goes through ``device_choice``
         itself), so ``"cpu" if cpu else "cuda"`` is a flag's choice too."""
         if isinstance(target, cst.Name) and all(_is_flag(o) for o in _operands(value)):
-            self.__dict__.setdefault("_flag_names", set()).add(target.value)
+            self._devices.flag_names.add(target.value)
 
     def _holds_flag(self, node: cst.BaseExpression) -> bool:
         while isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not):
             node = node.expression
-        return isinstance(node, cst.Name) and node.value in self.__dict__.get("_flag_names", ())
+        return isinstance(node, cst.Name) and node.value in self._devices.flag_names
 
     def _flag_still_chooses(self, updated: cst.IfExp) -> cst.IfExp:
         """``"cpu" if args.cpu else "cuda"``: the test is a flag (not only a torch availability
@@ -521,7 +539,7 @@ class DeviceMixin(TransformerBase):
         self._edit(new_test, "device", "a flag chooses the device here: where it says CPU, "
                    f"`{self.rt}.device_choice` keeps the process (and the prepared model) on the "
                    "CPU, as the script did")
-        self.__dict__.setdefault("_flag_choices", set()).add(id(new))
+        self._devices.flag_choices.add(id(new))
         return new
 
     def _is_rt_device(self, node: cst.BaseExpression) -> bool:
@@ -530,7 +548,7 @@ class DeviceMixin(TransformerBase):
 
     def _chosen_by_flag(self, node: cst.BaseExpression) -> bool:
         """Is ``node`` an ``x if rt.device_choice(...) else y`` made by _flag_still_chooses?"""
-        return id(node) in self.__dict__.get("_flag_choices", ())
+        return id(node) in self._devices.flag_choices
 
     def _is_availability(self, node: cst.BaseExpression) -> bool:
         while isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not):

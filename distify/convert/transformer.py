@@ -298,7 +298,8 @@ class DistifyTransformer(AccumulationMixin, BatchShapeMixin, CollectedMixin, Mod
     HANDLERS = {
         # the module: whole-file analyses first, then what is decided once every node is known
         "visit_Module": (
-            TransformerBase._base_on_module, MeterMixin._meters_on_module,
+            TransformerBase._base_on_module, DeviceMixin._devices_on_module,
+            MeterMixin._meters_on_module,
             StreamShardMixin._bptt_on_module, RandomnessMixin._randomness_on_module,
             SideEffectMixin._side_effects_on_module, FullBatchMixin._full_batch_on_module,
             StopMixin._stops_on_module, BatchShapeMixin._batch_shapes_on_module,
