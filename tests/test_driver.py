@@ -308,8 +308,18 @@ import urllib.request
 urllib.request.urlretrieve("https://example.com/d.tgz", "d.tgz")
 """
 
+#: a device chosen by a flag (``device_choice``) and read by ``torch.device(device)``: the
+#: devices family's flag bookkeeping runs (it once kept it in loose instance fields)
+DEVICE_FLAG = TRAINING.replace("import torch\n", """import argparse
+import torch
+args = argparse.ArgumentParser().parse_args()
+cpu = args.cpu
+device = torch.device("cpu" if cpu else "cuda")
+""", 1)
 
-@pytest.mark.parametrize("source", [TRAINING, DOWNLOADING], ids=["training", "download-unit"])
+
+@pytest.mark.parametrize("source", [TRAINING, DOWNLOADING, DEVICE_FLAG],
+                         ids=["training", "download-unit", "device-flag"])
 def test_after_a_walk_the_transformer_holds_no_familys_loose_fields(source):
     """Its inputs, the results the engine reads, the context, and one state object per family;
     no family's fields, and no hook a family put on the instance."""
