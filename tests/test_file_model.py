@@ -94,6 +94,32 @@ def test_the_analysis_keys_plain_tensor_backwards_by_scope_and_ordinal() -> None
     assert sorted(training.tensor_only_backwards) == [7, 17]  # the loss's line
 
 
+def test_a_demo_tensor_reassigned_later_in_the_file_is_plain_where_it_is_used() -> None:
+    """pytorch-tutorial's pytorch_basics: `x` is a torch tensor above `y.backward()` and a
+    NumPy array 60 lines further down; the backward differentiates plain tensors (it was
+    rewritten to `distify.backward(y)` when every assignment of `x` in the file counted)."""
+    training = _training("""\
+        import numpy as np
+        import torch
+
+        x = torch.tensor(1., requires_grad=True)
+        w = torch.tensor(2., requires_grad=True)
+        y = w * x + 3
+        y.backward()
+        print(x.grad)
+
+        x = np.array([[1, 2], [3, 4]])
+        y = torch.from_numpy(x)
+        """)
+    assert training.tensor_only == {(): {0}}
+    assert not _training("""\
+        import torch
+        x = load_something()
+        y = (x * 2).sum()
+        y.backward()
+        x = torch.tensor(1., requires_grad=True)
+        """).tensor_only  # what is above the use decides: not a tensor the file made
+
 def test_the_converter_reads_the_analysis_answer_for_a_long_plain_chain() -> None:
     """The autograd tutorial's chain (`x` → `y` → `z` → `out`, seven steps back to
     `torch.ones`) trained by an optimizer: the engine and the rewrite used to answer apart

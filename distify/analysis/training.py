@@ -680,6 +680,9 @@ class _Plain:
             values = owner.assigns.get(node.id, []) if owner is not None else []
             if not values:
                 return False, False
+            if owner is scope:  # the assignments above the use, where there are some: an
+                # autograd demo's `x` is a tensor there, whatever the file assigns it later
+                values = [v for v in values if v.lineno < node.lineno] or values
             return self.all(owner, values, depth, following | {node.id})
         if isinstance(node, ast.Attribute) and node.attr in _TENSOR_VIEWS:
             return self.test(scope, node.value, depth + 1, following)
