@@ -120,6 +120,7 @@ def test_read_names_reads_what_the_children_hold() -> None:
     the same names as the plain definition over `children`, for every statement of every
     fixture."""
     from distify.analysis.names import read_names
+    from distify.analysis.walk import children
 
     def by_children(node: cst.CSTNode) -> set[str]:
         found, stack = set(), [node]
@@ -137,5 +138,6 @@ def test_read_names_reads_what_the_children_hold() -> None:
     for path in FIXTURES[::3]:
         for statement in cst.parse_module(path.read_bytes()).body:
             assert read_names(statement) == by_children(statement), path
+            assert children(statement) == list(statement.children), path
             compared += 1
     assert compared > 500

@@ -142,9 +142,8 @@ def read_names(node: cst.CSTNode) -> set[str]:
     """The plain names a LibCST subtree reads: ``a.b[c]`` reads ``a`` and ``c``, not ``b``."""
     import libcst as cst
 
-    from distify.analysis.walk import PUNCTUATION, child_fields
+    from distify.analysis.walk import PUNCTUATION, children
 
-    # the fields LibCST visits, read directly: `node.children` runs a visitor per node
     found: set[str] = set()
     stack = [node]
     while stack:
@@ -154,12 +153,7 @@ def read_names(node: cst.CSTNode) -> set[str]:
         elif isinstance(node, cst.Attribute):
             stack.append(node.value)
         elif not isinstance(node, PUNCTUATION):
-            for name in child_fields(node):
-                value = getattr(node, name)
-                if isinstance(value, cst.CSTNode):
-                    stack.append(value)
-                elif isinstance(value, (tuple, list)):
-                    stack.extend(value)
+            stack.extend(children(node))
     return found
 
 

@@ -211,13 +211,21 @@ def is_node_type(kind: type) -> bool:
     return found
 
 
+def children(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """``node.children`` (the child nodes, in LibCST's order) without the visitor LibCST runs
+    per node to collect them."""
+    found: list[cst.CSTNode] = []
+    for name in _order(node):
+        value = getattr(node, name)
+        if isinstance(value, cst.CSTNode):
+            found.append(value)
+        elif isinstance(value, (tuple, list)):
+            found.extend(value)
+    return found
+
+
 def _walk_generic(node: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
     if visitor.on_visit(node):
-        for name in _order(node):
-            value = getattr(node, name)
-            if isinstance(value, cst.CSTNode):
-                _walk_generic(value, visitor)
-            elif isinstance(value, (tuple, list)):
-                for child in value:
-                    _walk_generic(child, visitor)
+        for child in children(node):
+            _walk_generic(child, visitor)
     visitor.on_leave(node)
