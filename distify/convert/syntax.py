@@ -75,7 +75,7 @@ class _ShiftLines:
 #: not theirs to move)
 _ONE_LINE = frozenset({cst.SimpleWhitespace, cst.TrailingWhitespace, cst.Newline, cst.Comment,
                        cst.EmptyLine})
-#: one token and its parentheses: a line break only inside the parentheses
+#: one token (its ``value``) and its parentheses: a line break only inside the parentheses
 _ATOMS = frozenset({cst.Name, cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString})
 
 
@@ -172,7 +172,7 @@ def _is_method_call(node: cst.BaseExpression, method: str) -> bool:
 
 def _code(node: cst.CSTNode) -> str:
     kind = type(node)
-    if kind in _ONE_TOKEN:
+    if kind in _ATOMS:
         if not node.lpar:
             return node.value
     elif kind is cst.Attribute:
@@ -180,10 +180,6 @@ def _code(node: cst.CSTNode) -> str:
         if dotted is not None:
             return dotted
     return cst.Module([]).code_for_node(node)
-
-
-#: one token, their ``value``, when they have no parentheses
-_ONE_TOKEN = frozenset({cst.Name, cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString})
 
 
 def _plain_dotted(node: cst.Attribute) -> str | None:
