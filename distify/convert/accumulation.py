@@ -138,7 +138,7 @@ class AccumulationMixin(TransformerBase):
                 if where is not None:
                     state.reduce_at.setdefault(id(where), []).append(name)
         for found in state.micro_steps.values():
-            found.sharded = self._shards_batches(found, node)
+            found.sharded = self._shards_batches(found)
         state.counts = _count_lines(node, {f.count for f in state.micro_steps.values()})
         for name, count in state.counts.items():  # shared out only where the data is
             count.split = count.split and all(f.sharded for f in state.micro_steps.values()
@@ -169,7 +169,7 @@ class AccumulationMixin(TransformerBase):
                                 for size in self.batch_sizes]
         return updated
 
-    def _shards_batches(self, found: _MicroSteps, module: cst.Module) -> bool:
+    def _shards_batches(self, found: _MicroSteps) -> bool:
         """Does each process train on its own batches in these micro-steps: drawn per process
         by a batch function (:mod:`.randomness`), sliced from a split stream (:mod:`.bptt`),
         or ``next()`` of an iterator over a DataLoader this file builds (prepared, sharded)?"""
