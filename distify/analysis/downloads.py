@@ -184,7 +184,7 @@ def _bound_names(statements: Sequence[cst.CSTNode]) -> set[str]:
             return False
 
     for stmt in statements:
-        stmt.visit(Binds())
+        walk(stmt, Binds())
     return found
 
 

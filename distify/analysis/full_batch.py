@@ -33,6 +33,7 @@ import libcst as cst
 from distify.analysis.draws import draw_family
 from distify.analysis.names import dotted_name, read_names
 from distify.analysis.stops import bound_names
+from distify.analysis.walk import walk
 
 
 def is_full_batch(loop: cst.For | cst.While, models: set[str],
@@ -45,7 +46,7 @@ def is_full_batch(loop: cst.For | cst.While, models: set[str],
         qual: the qualified name of a callee, imports resolved (``torch.randint``).
     """
     finder = _Finder(models, qual)
-    loop.visit(finder)
+    walk(loop, finder)
     if not finder.forwards or finder.fed:
         return False
     changing = finder.assigned
@@ -128,5 +129,5 @@ def _calls_a_local_function(node: cst.CSTNode) -> bool:
     """``model(next_graph())``: a plain function call may hand out new data each time (a method
     of a value or a module's function, ``x.to(device)``, ``F.dropout(x)``, does not)."""
     finder = _LocalCalls()
-    node.visit(finder)
+    walk(node, finder)
     return finder.found

@@ -802,7 +802,7 @@ class _Walk:
         if not self._loop_trains(loop):
             return None
         finder = _After(node, self.ctx)
-        loop.body.visit(finder)
+        walk(loop.body, finder)
         return None if finder.found is None else _code(finder.found)
 
     def _collective_in(self, node: cst.If) -> cst.Call | None:
@@ -944,7 +944,7 @@ class _Walk:
         key = id(node)
         if key not in self._trains:
             finder = _TrainingCalls(self.ctx)
-            node.body.visit(finder)
+            walk(node.body, finder)
             every_step = finder.found and not finder.continues and any(
                 _has_backward(stmt, self.ctx) for stmt in _top_statements(node.body))
             self._trains[key] = (finder.found, every_step)
@@ -1010,7 +1010,7 @@ def _is_training_call(call: cst.Call, ctx: NestContext) -> bool:
 def _has_backward(stmt: cst.CSTNode, ctx: NestContext) -> bool:
     """Does ``stmt`` itself run a backward pass (not a function that may run one, or not)?"""
     finder = _TrainingCalls(NestContext(ctx.rt, ctx.qual, ctx.is_loader, ctx.is_exit))
-    stmt.visit(finder)
+    walk(stmt, finder)
     return finder.found
 
 
@@ -1290,9 +1290,9 @@ def optimizer_work(node: cst.If) -> cst.CSTNode | None:
     None. Taken on some processes only, any of these trains the replicas apart (issue 20
     item 2); a metric's in-place ``add_`` is none of these."""
     finder = _Work()
-    node.body.visit(finder)
+    walk(node.body, finder)
     if node.orelse is not None and finder.found is None:
-        node.orelse.visit(finder)
+        walk(node.orelse, finder)
     return finder.found
 
 

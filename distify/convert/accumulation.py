@@ -421,14 +421,14 @@ def _micro_steps(stmt: cst.BaseStatement, outer: cst.For | cst.While) -> _MicroS
     if dotted_name(count) is None:
         return None
     calls = _MethodCalls()
-    stmt.body.visit(calls)
+    walk(stmt.body, calls)
     if "backward" not in calls.methods or "step" in calls.methods:
         return None
     code = _code(count)
     if not _divides_by(stmt.body, code):
         return None
     outer_calls = _MethodCalls()
-    outer.body.visit(outer_calls)
+    walk(outer.body, outer_calls)
     if "step" not in outer_calls.methods:
         return None
     return _MicroSteps(count=code, target=stmt.target.value,
@@ -454,7 +454,7 @@ class _MethodCalls(cst.CSTVisitor):
 def _divides_by(body: cst.CSTNode, count: str) -> bool:
     """Does ``body`` divide something by ``count`` (``loss / count``, ``loss /= count``)?"""
     finder = _Divisions()
-    body.visit(finder)
+    walk(body, finder)
     return count in finder.divisors
 
 
@@ -480,7 +480,7 @@ def _loss_sums(loop: cst.For, before: list, after: list, outer: cst.For | cst.Wh
     sums: dict[str, cst.If | None] = {}
     unread: set[str] = set()
     adds = _AddsTo()
-    loop.body.visit(adds)
+    walk(loop.body, adds)
     losses = _backward_receivers(loop.body)
     for name, values in adds.added.items():
         if name not in zeroed or not any(_names_in(v) & losses for v in values):
@@ -522,7 +522,7 @@ def _backward_receivers(body: cst.CSTNode) -> set[str]:
             if isinstance(node.func, cst.Attribute) and node.func.attr.value == "backward":
                 found.update(_names_in(node.func.value))
 
-    body.visit(_Visitor())
+    walk(body, _Visitor())
     return found
 
 
@@ -558,7 +558,7 @@ def _count_name(node: cst.CSTNode, name: str) -> int:
                 _Counter.count += 1
 
     counter = _Counter()
-    node.visit(counter)
+    walk(node, counter)
     return _Counter.count
 
 
@@ -577,7 +577,7 @@ def _assigned_in(body: cst.CSTNode) -> set[str]:
         def visit_For(self, node: cst.For) -> None:
             found.update(_names_in(node.target))
 
-    body.visit(_Visitor())
+    walk(body, _Visitor())
     return found
 
 
@@ -596,7 +596,7 @@ def _last_loss_lines(loop: cst.For, after: list, count: str) -> list[cst.SimpleS
                     return
 
     for stmt in after:
-        stmt.visit(_Visitor())
+        walk(stmt, _Visitor())
     return lines
 
 

@@ -16,7 +16,8 @@ from distify.analysis.evaluation import is_eval_context
 from distify.analysis.facts import FileFacts
 from distify.analysis.loaders import is_loaderish, is_loop_wrapper, unwrapped
 from distify.analysis.names import dotted_name
-from distify.analysis.walk import PUNCTUATION
+from distify.analysis.walk import PUNCTUATION, walk
+from distify.convert import traverse
 from distify.convert.context import ConvertContext, _Scope
 from distify.convert.driver import handles, install
 from distify.convert.rewrites import REGISTRY
@@ -81,6 +82,9 @@ class TransformerBase(cst.CSTTransformer):
     #: statement, which may be one of the module's own)
     _visit_plans: ClassVar[dict[type, tuple[Callable | None, bool, bool]]] = {}
     _leave_methods: ClassVar[dict[type, Callable | None]] = {}
+    #: the node types whose fields ``on_visit_attribute``/``on_leave_attribute`` must see (the
+    #: only ones those hooks act on): the rewriting walk calls them there only
+    FIELD_HOOKS: ClassVar[tuple[type, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -110,6 +114,26 @@ class TransformerBase(cst.CSTTransformer):
         if method is not None and method(self, node) is False:
             return False
         return descend
+
+    @classmethod
+    def traversal_step(cls, kind: type) -> tuple[Callable | None, Callable | None, int]:
+        """What :func:`distify.convert.traverse.rewrite` does at a node of type ``kind``: the
+        same as :meth:`on_visit` and :meth:`on_leave` do under LibCST's own ``visit``."""
+        visit = _own_hook(cls, f"visit_{kind.__name__}")
+        leave = _own_hook(cls, f"leave_{kind.__name__}")
+        if issubclass(kind, cst.BaseStatement):  # may be one of the module's own statements
+            hook = visit
+
+            def visit(self: TransformerBase, node: cst.CSTNode) -> bool | None:
+                top = self.ctx.top_level.get(id(node))
+                if top is not None:
+                    self.ctx.current_top = top
+                return None if hook is None else hook(self, node)
+
+        if not issubclass(kind, _PUNCTUATION + _LEAVES):
+            return visit, leave, traverse.FIELDS if kind in cls.FIELD_HOOKS else traverse.CHILDREN
+        return visit, leave, traverse.SKIP if visit is None and leave is None else \
+            traverse.HOOKS_ONLY
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):
         kind = type(original_node)
@@ -327,7 +351,7 @@ class TransformerBase(cst.CSTTransformer):
         optimizers = {name for by_scope in self.facts.training.optimizer_models.values()
                       for name in by_scope}
         finder = _StateDictReceivers()
-        node.visit(finder)
+        walk(node, finder)
         return bool(finder.receivers & optimizers)
 
     @handles("visit_Assign")

@@ -50,6 +50,7 @@ import libcst as cst
 
 from distify.analysis.loaders import is_loop_wrapper
 from distify.analysis.names import dotted_name
+from distify.analysis.walk import walk
 from distify.convert.base import TransformerBase
 from distify.convert.driver import handles
 from distify.convert.syntax import _code
@@ -554,7 +555,7 @@ def _indexed_batch(body: cst.BaseSuite, index: str, leaves: dict[str, bool]) -> 
     """The batch tensor that ``body`` indexes with ``index`` (``labels[i]``, ``out[i:i + 1]``),
     when the body does not rebind it; else None."""
     found = _Indexed(index, leaves)
-    body.visit(found)
+    walk(body, found)
     batch = next((name for name in found.indexed if name not in found.bound), None)
     return batch
 
@@ -673,5 +674,5 @@ class _Chains(cst.CSTVisitor):
 
 def _chains_in(node: cst.CSTNode) -> list[str]:
     chains = _Chains()
-    node.visit(chains)
+    walk(node, chains)
     return chains.found

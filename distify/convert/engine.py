@@ -30,6 +30,7 @@ from distify.convert.devices import (
 )
 from distify.convert.rewrites import REGISTRY
 from distify.convert.transformer import DistifyTransformer
+from distify.convert.traverse import rewrite
 from distify.errors import UserError
 from distify.rules import RuleSet, default_rules
 
@@ -137,7 +138,7 @@ def _convert(source: bytes, path: str, rules: RuleSet | None, runtime_module: st
 def _rewrite(path: str, source: bytes, module: cst.Module, transformer: DistifyTransformer,
              runtime_module: str) -> FileResult:
     rt = transformer.rt
-    updated = module.visit(transformer)
+    updated = rewrite(module, transformer)
     if not any(not e.needs_human for e in transformer.edits):
         notes = _located(updated, transformer.edits)[2]
         return FileResult(path, source, source, "unchanged", notes=notes,

@@ -20,6 +20,7 @@ import libcst as cst
 from distify.analysis.codemods import backward_through
 from distify.analysis.loaders import unwrapped
 from distify.analysis.names import dotted_name
+from distify.analysis.walk import walk
 from distify.convert.base import TransformerBase
 from distify.convert.context import _Loop
 from distify.convert.driver import handles
@@ -413,7 +414,7 @@ def _per_sample(value: cst.BaseExpression, batch_names: set[str]) -> bool:
     """Is ``value`` per-sample results of the batch (``out.argmax(1)``, ``labels.tolist()``),
     not one number per batch (``loss.item()``, ``float(acc)``, a ``loss`` tensor)?"""
     finder = _Calls()
-    value.visit(finder)
+    walk(value, finder)
     if finder.methods & _SCALAR_METHODS or finder.functions & _SCALAR_FUNCTIONS \
             or isinstance(value, (cst.Integer, cst.Float)):
         return False
@@ -471,7 +472,7 @@ def _adds_per_sample(value: cst.BaseExpression) -> bool:
     if isinstance(value, (cst.Integer, cst.Float)):
         return False  # `+= 1` counts batches, not samples
     finder = _PerSample()
-    value.visit(finder)
+    walk(value, finder)
     return finder.found
 
 
@@ -514,7 +515,7 @@ class _Steps(cst.CSTVisitor):
 def _stepped(node: cst.CSTNode) -> list[str]:
     """The receivers of the ``.step()`` calls under ``node``, in order (with repeats)."""
     visitor = _Steps()
-    node.visit(visitor)
+    walk(node, visitor)
     return visitor.receivers
 
 

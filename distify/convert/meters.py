@@ -29,6 +29,7 @@ import libcst as cst
 
 from distify.analysis.evaluation import loss_reduction
 from distify.analysis.names import dotted_name
+from distify.analysis.walk import walk
 from distify.convert.base import TransformerBase
 from distify.convert.context import _Loop
 from distify.convert.driver import handles
@@ -101,7 +102,7 @@ class MeterMixin(TransformerBase):
         """Why ``value`` adds one mean per batch (``criterion(out, y).sum().item()`` with a
         mean-reducing ``criterion``), or None when it does not, or may not."""
         finder = _LossCalls()
-        value.visit(finder)
+        walk(value, finder)
         if finder.counts:
             return None  # a mean times its count is a per-sample sum
         flow = self.facts.evaluation
@@ -119,7 +120,7 @@ class MeterMixin(TransformerBase):
     def _adds_loss_sum(self, value: cst.BaseExpression) -> bool:
         """Does ``value`` add a summing criterion's value (``reduction="sum"``)?"""
         finder = _LossCalls()
-        value.visit(finder)
+        walk(value, finder)
         flow = self.facts.evaluation
         return any(isinstance(call.func, cst.Name) and flow.criteria.get(call.func.value)
                    == "sum" for call in finder.calls) or bool(finder.names & flow.sum_losses)

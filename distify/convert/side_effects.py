@@ -756,7 +756,7 @@ def _runtime_io_calls(body: cst.BaseSuite, rt: str, handle: str) -> list[cst.Cal
                 if isinstance(value, cst.Name) and value.value == handle:
                     found.append(call)
 
-    body.visit(_Finder())
+    walk(body, _Finder())
     return found
 
 

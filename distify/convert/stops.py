@@ -54,6 +54,7 @@ from distify.analysis.stops import (
     optimizer_work,
     statement_calls,
 )
+from distify.analysis.walk import walk
 from distify.convert.base import TransformerBase
 from distify.convert.driver import handles
 from distify.convert.syntax import _EQUAL, _code, _leaves_loop, _strip_parens
@@ -542,7 +543,7 @@ class _Replace(cst.CSTTransformer):
             def on_leave(self, original: cst.CSTNode) -> None:
                 stack.pop()
 
-        root.visit(Ancestors())
+        walk(root, Ancestors())
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         return id(node) in self.on_path
@@ -612,7 +613,7 @@ class _Nodes(cst.CSTVisitor):
 def nodes_in(root: cst.CSTNode, kind: type) -> list:
     """The nodes of type ``kind`` in ``root`` (itself included), in source order."""
     finder = _Nodes(kind)
-    root.visit(finder)
+    walk(root, finder)
     return finder.found
 
 

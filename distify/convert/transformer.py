@@ -285,6 +285,7 @@ class DistifyTransformer(AccumulationMixin, BatchShapeMixin, CollectedMixin, Mod
     # do nothing, and skip LibCST's lookup of ``visit_<Node>_<field>`` methods)
     on_visit_attribute = ModelMixin._models_on_field
     on_leave_attribute = ModelMixin._models_after_field
+    FIELD_HOOKS = (cst.If, cst.Else)  # the only nodes those two act on
 
     # ---------------------------------------------------------------- the dispatch table
     #: LibCST hook → the handlers it runs, in order (see :mod:`.driver`): a visit hook's answer

@@ -1,0 +1,196 @@
+"""The rewriting pass's walk: LibCST's transformer protocol, without rebuilding what did not change.
+
+``module.visit(transformer)`` rebuilds every node it descends into (a new node, validated, per
+node), whether or not anything below it changed, and calls the attribute hooks for every field.
+In a conversion most of a module is left as written, so most of that work is thrown away: it was
+the largest single cost of ``distify convert`` after LibCST's parse
+(``benchmarks/results/convert.md``). :func:`rewrite` calls the same hooks, on the same nodes, in
+the same order, with the same results, and makes a new node only where a child came back as
+another object (through ``with_changes``, LibCST's public way to copy a node).
+
+It keeps LibCST's rules for what a hook may return: a node; ``RemovalSentinel.REMOVE`` (dropped
+from a sequence; ``None`` in an optional field; ``MaybeSentinel.DEFAULT`` in a sentinel field; an
+error in a required one); a ``FlattenSentinel`` (spliced into a sequence; an error elsewhere).
+
+The differences a hook can see: ``updated_node`` *is* ``original_node`` when nothing below it
+changed (LibCST hands a fresh copy), and the attribute hooks run only around fields that hold a
+node or a sequence, and only at the node types a plan asks for (:data:`FIELDS`). Every fixture's
+conversion and report are the same as under LibCST's ``visit`` (``tests/test_traverse.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import libcst as cst
+
+from distify.analysis.walk import child_fields, is_node_type
+
+_REMOVE = cst.RemovalSentinel
+_FLATTEN = cst.FlattenSentinel
+
+
+#: what to do at a node type: nothing (it holds nothing a hook reads, and has no hook of its
+#: own), call its hooks only, also visit its children, or visit them with the attribute hooks
+#: (``on_visit_attribute``/``on_leave_attribute``) called around each field
+SKIP, HOOKS_ONLY, CHILDREN, FIELDS = 0, 1, 2, 3
+
+
+class Plan:
+    """Per node type, for one transformer class: its visit hook (called as ``visit(transformer,
+    node)``, may answer False: do not visit the children), its leave hook
+    (``leave(transformer, original, updated)``), and SKIP / HOOKS_ONLY / CHILDREN / FIELDS. A
+    class that wants its own plans defines ``traversal_step(kind)`` (:class:`~distify.convert.
+    base.TransformerBase` does); by default a type's step is its ``visit_``/``leave_`` hooks and
+    CHILDREN, or FIELDS when the class has attribute hooks."""
+
+    def __init__(self, cls: type) -> None:
+        self.cls = cls
+        self.steps: dict[type, tuple[Any, Any, int]] = {}
+        self._custom = getattr(cls, "traversal_step", None)
+
+    def step(self, kind: type) -> tuple[Any, Any, int]:
+        if self._custom is not None:
+            found = self._custom(kind)
+        else:
+            fields = _own(self.cls, "on_visit_attribute") is not None or \
+                _own(self.cls, "on_leave_attribute") is not None
+            found = (_own(self.cls, f"visit_{kind.__name__}"),
+                     _own(self.cls, f"leave_{kind.__name__}"), FIELDS if fields else CHILDREN)
+        self.steps[kind] = found
+        return found
+
+
+def _own(cls: type, name: str) -> Any:
+    method = getattr(cls, name, None)
+    return None if method is None or method is getattr(cst.CSTTransformer, name, None) else method
+
+
+_PLANS: dict[type, Plan] = {}
+
+
+def rewrite(node: cst.CSTNode, transformer: cst.CSTTransformer) -> Any:
+    """``node.visit(transformer)``, rebuilding only the nodes whose children changed.
+
+    A transformer that overrides ``on_visit``/``on_leave`` without ``traversal_step`` (its
+    generic hooks see every node) or defines attribute hooks is handed to LibCST's ``visit``."""
+    cls = type(transformer)
+    plan = _PLANS.get(cls)
+    if plan is None:
+        if getattr(cls, "traversal_step", None) is None and (
+                _own(cls, "on_visit") is not None or _own(cls, "on_leave") is not None):
+            return node.visit(transformer)
+        plan = _PLANS[cls] = Plan(cls)
+    return _visit(node, transformer, plan.steps, plan)
+
+
+def _visit(node: cst.CSTNode, transformer: Any, steps: dict, plan: Plan) -> Any:
+    kind = type(node)
+    step = steps.get(kind)
+    if step is None:
+        step = plan.step(kind)
+    visit, leave, what = step
+    if what == SKIP:
+        return node
+    updated = node
+    if (visit is None or visit(transformer, node) is not False) and what >= CHILDREN:
+        if what == FIELDS:
+            return _leave(node, _fields(node, transformer, steps, plan), leave, transformer)
+        changes: dict[str, Any] | None = None
+        for name in child_fields(node):
+            value = getattr(node, name)
+            kind = type(value)
+            if kind is tuple or kind is list:
+                new = _sequence(value, transformer, steps, plan)
+                if new is not None:
+                    if changes is None:
+                        changes = {}
+                    changes[name] = new
+                continue
+            known = steps.get(kind)
+            if known is not None:
+                if known[2] == SKIP:
+                    continue
+            elif not is_node_type(kind):
+                continue
+            result = _visit(value, transformer, steps, plan)
+            if result is not value:
+                if changes is None:
+                    changes = {}
+                changes[name] = _single(node, name, value, result)
+        if changes is not None:
+            updated = node.with_changes(**changes)
+    return _leave(node, updated, leave, transformer)
+
+
+def _leave(node: cst.CSTNode, updated: cst.CSTNode, leave: Any, transformer: Any) -> Any:
+    if leave is None:
+        return updated
+    result = leave(transformer, node, updated)
+    if not (is_node_type(type(result)) or isinstance(result, (_REMOVE, _FLATTEN))):
+        raise TypeError("Expected a node of type CSTNode or a RemovalSentinel, "
+                        f"but got a return value of {type(result).__name__}")
+    return result
+
+
+def _fields(node: cst.CSTNode, transformer: Any, steps: dict, plan: Plan) -> cst.CSTNode:
+    """``node`` with its children visited, each field that holds a node or a sequence between
+    the attribute hooks (LibCST also calls them around a field holding None or a
+    ``MaybeSentinel``; a hook that needs those is better written as a node hook)."""
+    changes: dict[str, Any] = {}
+    enter, leave = transformer.on_visit_attribute, transformer.on_leave_attribute
+    for name in child_fields(node):
+        value = getattr(node, name)
+        if isinstance(value, (tuple, list)):
+            enter(node, name)
+            new = _sequence(value, transformer, steps, plan)
+            if new is not None:
+                changes[name] = new
+        elif is_node_type(type(value)):
+            enter(node, name)
+            result = _visit(value, transformer, steps, plan)
+            if result is not value:
+                changes[name] = _single(node, name, value, result)
+        else:
+            continue
+        leave(node, name)
+    return node.with_changes(**changes) if changes else node
+
+
+def _sequence(children: tuple | list, transformer: Any, steps: dict, plan: Plan) -> tuple | None:
+    """The children visited, flattened and with the removed ones left out; None when each
+    came back as itself."""
+    results = None
+    for index, child in enumerate(children):
+        known = steps.get(type(child))
+        if known is not None and known[2] == SKIP:
+            if results is not None:
+                results.append(child)
+            continue
+        result = _visit(child, transformer, steps, plan)
+        if results is None:
+            if result is child:
+                continue
+            results = list(children[:index])
+        if isinstance(result, _FLATTEN):
+            results.extend(result)
+        elif not isinstance(result, _REMOVE):
+            results.append(result)
+    return None if results is None else tuple(results)
+
+
+def _single(parent: cst.CSTNode, name: str, child: cst.CSTNode, result: Any) -> Any:
+    """What goes in field ``name`` of ``parent`` when its one child came back as ``result``."""
+    if isinstance(result, _FLATTEN):
+        raise TypeError(f"We got a FlattenSentinel while visiting a {type(child).__name__}. "
+                        "This node's parent does not allow for it to be replaced with a "
+                        "sequence.")
+    if isinstance(result, _REMOVE):
+        annotation = str(parent.__dataclass_fields__[name].type)
+        if "MaybeSentinel" in annotation:
+            return cst.MaybeSentinel.DEFAULT
+        if "Optional" in annotation or "None" in annotation:
+            return None
+        raise TypeError(f"We got a RemovalSentinel while visiting a {type(child).__name__}. "
+                        "This node's parent does not allow it to be removed.")
+    return result
