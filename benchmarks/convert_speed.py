@@ -182,7 +182,7 @@ def stage_times(path: Path, rounds: int) -> tuple[dict[str, float], float, list[
         wrap(engine, name, f"after the rewrite: `{name}` (a walk of the output)")
 
     base = engine.DistifyTransformer
-    transform_label = "transform (`module.visit(DistifyTransformer)`)"
+    transform_label = "transform (`traverse.rewrite(module, DistifyTransformer)`)"
 
     class TimedTransformer(base):  # type: ignore[misc, valid-type]
         def visit_Module(self, node):

@@ -124,15 +124,32 @@ def _statements(tree: ast.AST) -> list[ast.AST]:
     return found
 
 
-def dotted_name(node: cst.BaseExpression) -> str | None:
-    """``a.b.c`` for a chain of LibCST Name/Attribute nodes, else None."""
+#: LibCST's Attribute and Name, bound on first use (``check`` of a plain file never imports LibCST)
+_CST_CHAIN: tuple[type, type] | None = None
+
+
+def _cst_chain() -> tuple[type, type]:
+    global _CST_CHAIN
     import libcst as cst
 
+    _CST_CHAIN = (cst.Attribute, cst.Name)
+    return _CST_CHAIN
+
+
+def dotted_name(node: cst.BaseExpression) -> str | None:
+    """``a.b.c`` for a chain of LibCST Name/Attribute nodes, else None."""
+    # LibCST's node classes are final: a type test is an isinstance test without the cost of
+    # their abstract base class's __instancecheck__ (this runs for most nodes a rewrite reads)
+    attribute, name = _CST_CHAIN or _cst_chain()
+    kind = type(node)
+    if kind is name:
+        return node.value
     parts: list[str] = []
-    while isinstance(node, cst.Attribute):
+    while kind is attribute:
         parts.append(node.attr.value)
         node = node.value
-    if not isinstance(node, cst.Name):
+        kind = type(node)
+    if kind is not name:
         return None
     parts.append(node.value)
     return ".".join(reversed(parts))
@@ -148,11 +165,12 @@ def read_names(node: cst.CSTNode) -> set[str]:
     stack = [node]
     while stack:
         node = stack.pop()
-        if isinstance(node, cst.Name):
+        kind = type(node)
+        if kind is cst.Name:
             found.add(node.value)
-        elif isinstance(node, cst.Attribute):
+        elif kind is cst.Attribute:
             stack.append(node.value)
-        elif not isinstance(node, PUNCTUATION):
+        elif not issubclass(kind, PUNCTUATION):
             stack.extend(children(node))
     return found
 

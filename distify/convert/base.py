@@ -168,7 +168,12 @@ class TransformerBase(cst.CSTTransformer):
         self.own_mixed_precision = False
 
     def _qual(self, node: cst.BaseExpression) -> str | None:
-        return self.facts.imports.qualname(node)
+        quals = self.ctx.quals
+        try:
+            return quals[node]
+        except KeyError:
+            found = quals[node] = self.facts.imports.qualname(node)
+            return found
 
     def _rt_attr(self, name: str) -> cst.Attribute:
         return cst.Attribute(value=cst.Name(self.rt), attr=cst.Name(name))
@@ -184,8 +189,14 @@ class TransformerBase(cst.CSTTransformer):
             # none, a one-line suite, or `a = f(); b = g()`: a break there would read worse
             return False
         if id(statement) not in self.ctx.first_lines:
-            code = _code(statement.with_changes(leading_lines=()))
-            self.ctx.first_lines[id(statement)] = len(code.split("\n", 1)[0])
+            # each leading comment or blank line is one line of the code: the statement's own
+            # first line comes after them (no copy of the statement without them is made)
+            leading = statement.leading_lines
+            if all(line.newline.value != "\r" for line in leading):
+                code = _code(statement).split("\n", len(leading) + 1)[len(leading)]
+            else:  # an old Mac line end is no "\n"
+                code = _code(statement.with_changes(leading_lines=())).split("\n", 1)[0]
+            self.ctx.first_lines[id(statement)] = len(code)
         width = len(self.ctx.indent_unit) * self.ctx.depth + self.ctx.first_lines[id(statement)]
         return width + growth > max(self.facts.longest_line, 79)
 

@@ -116,6 +116,10 @@ class NodeSet:
 class ConvertContext:
     """The mutable state of one conversion, per module."""
 
+    #: expression → its qualified name (``nn.Linear`` → ``torch.nn.Linear``) or None: asked by
+    #: several families of the same nodes (keyed by the node itself, which it keeps alive)
+    quals: dict[cst.CSTNode, str | None] = field(default_factory=dict)
+
     # ---------------------------------------------------------------- the statement being left
     #: the simple statements (lines, or one-line suites) being visited, innermost last
     statements: list[cst.SimpleStatementLine] = field(default_factory=list)
