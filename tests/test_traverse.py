@@ -78,7 +78,7 @@ class _Planned(_Recorder):
         def leave(self, original, updated):
             return self.on_leave(original, updated)
 
-        return visit, leave, traverse.FIELDS
+        return visit, leave, traverse.FIELDS, frozenset()
 
 
 SOURCE = """\
@@ -131,7 +131,7 @@ class _Remove(cst.CSTTransformer):
 class _PlannedRemove(_Remove):
     @classmethod
     def traversal_step(cls, kind: type):
-        return None, lambda self, o, u: self.on_leave(o, u), traverse.CHILDREN
+        return None, lambda self, o, u: self.on_leave(o, u), traverse.CHILDREN, frozenset()
 
 
 @pytest.mark.parametrize("source, kind", [
@@ -155,3 +155,23 @@ def test_a_transformer_with_generic_hooks_goes_to_libcst() -> None:
     recorder = _Recorder()  # on_visit/on_leave, no plan of its own
     assert traverse.rewrite(module, recorder).code == module.visit(_Recorder()).code
     assert recorder.calls  # LibCST's visit ran it
+
+
+def test_inert_fields_are_only_those_no_hook_can_be_below() -> None:
+    from distify.convert.base import _LEAVES, _PUNCTUATION
+    from distify.convert.transformer import DistifyTransformer
+
+    inert_types = _PUNCTUATION + _LEAVES
+    hooked = DistifyTransformer._hooked_types()
+    call = traverse.inert_fields(cst.Call, inert_types, hooked)
+    assert call == {"lpar", "rpar", "whitespace_after_func", "whitespace_before_args"}
+    function = traverse.inert_fields(cst.FunctionDef, inert_types, hooked)
+    # a forward reference (`type_parameters`) and any field that may hold an expression or a
+    # statement are visited
+    assert not function & {"type_parameters", "params", "body", "decorators", "returns",
+                           "asynchronous"}
+    assert "name" in function and "attr" in traverse.inert_fields(cst.Attribute, inert_types,
+                                                                   hooked)
+    # a hook on names makes every field that can hold a name worth visiting
+    assert "attr" not in traverse.inert_fields(cst.Attribute, inert_types, (*hooked, cst.Name))
+    assert "name" not in traverse.inert_fields(cst.FunctionDef, inert_types, (cst.Name,))

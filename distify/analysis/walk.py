@@ -99,6 +99,12 @@ def _order(node: cst.CSTNode) -> tuple[str, ...]:
 child_fields = _order
 
 
+def varies(kind: type) -> bool:
+    """Does LibCST visit a different list of fields for some nodes of type ``kind`` (a field it
+    skips while it holds None: ``format_spec``)? Known once :func:`child_fields` met one."""
+    return bool(_ORDER[kind][1])
+
+
 def _own(cls: type, name: str) -> Callable | None:
     """``cls``'s hook ``name``, or None where it is LibCST's default (which does nothing)."""
     method = getattr(cls, name, None)

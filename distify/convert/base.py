@@ -130,10 +130,24 @@ class TransformerBase(cst.CSTTransformer):
                     self.ctx.current_top = top
                 return None if hook is None else hook(self, node)
 
+        inert = traverse.inert_fields(kind, _PUNCTUATION + _LEAVES, cls._hooked_types())
         if not issubclass(kind, _PUNCTUATION + _LEAVES):
-            return visit, leave, traverse.FIELDS if kind in cls.FIELD_HOOKS else traverse.CHILDREN
-        return visit, leave, traverse.SKIP if visit is None and leave is None else \
-            traverse.HOOKS_ONLY
+            what = traverse.FIELDS if kind in cls.FIELD_HOOKS else traverse.CHILDREN
+        else:
+            what = traverse.SKIP if visit is None and leave is None else traverse.HOOKS_ONLY
+        return visit, leave, what, inert
+
+    @classmethod
+    def _hooked_types(cls) -> tuple[type, ...]:
+        """The node types this class has a visit or leave hook for."""
+        found = cls.__dict__.get("_hooked")
+        if found is None:
+            found = tuple(kind for name in dir(cls) if name.startswith(("visit_", "leave_"))
+                          and _own_hook(cls, name) is not None
+                          for kind in [getattr(cst, name.split("_", 1)[1], None)]
+                          if isinstance(kind, type))
+            cls._hooked = found
+        return found
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):
         kind = type(original_node)

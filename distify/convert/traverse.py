@@ -20,11 +20,15 @@ conversion and report are the same as under LibCST's ``visit`` (``tests/test_tra
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import sys
+import typing
 from typing import Any
 
 import libcst as cst
 
-from distify.analysis.walk import child_fields, is_node_type
+from distify.analysis.walk import child_fields, is_node_type, varies
 
 _REMOVE = cst.RemovalSentinel
 _FLATTEN = cst.FlattenSentinel
@@ -46,19 +50,78 @@ class Plan:
 
     def __init__(self, cls: type) -> None:
         self.cls = cls
-        self.steps: dict[type, tuple[Any, Any, int]] = {}
+        #: node type → (visit hook, leave hook, SKIP / HOOKS_ONLY / CHILDREN / FIELDS, the
+        #: fields to visit in LibCST's order or None where that order varies per node)
+        self.steps: dict[type, tuple[Any, Any, int, tuple[str, ...] | None]] = {}
         self._custom = getattr(cls, "traversal_step", None)
+        #: node type → the fields never worth visiting (see :func:`inert_fields`)
+        self.inert: dict[type, frozenset[str]] = {}
 
-    def step(self, kind: type) -> tuple[Any, Any, int]:
+    def step(self, node: cst.CSTNode) -> tuple[Any, Any, int, tuple[str, ...] | None]:
+        kind = type(node)
         if self._custom is not None:
-            found = self._custom(kind)
+            visit, leave, what, inert = self._custom(kind)
         else:
             fields = _own(self.cls, "on_visit_attribute") is not None or \
                 _own(self.cls, "on_leave_attribute") is not None
-            found = (_own(self.cls, f"visit_{kind.__name__}"),
-                     _own(self.cls, f"leave_{kind.__name__}"), FIELDS if fields else CHILDREN)
-        self.steps[kind] = found
+            visit, leave, what, inert = (
+                _own(self.cls, f"visit_{kind.__name__}"), _own(self.cls, f"leave_{kind.__name__}"),
+                FIELDS if fields else CHILDREN, frozenset())
+        self.inert[kind] = inert
+        order = child_fields(node)
+        names = None if varies(kind) else tuple(name for name in order if name not in inert)
+        found = self.steps[kind] = (visit, leave, what, names)
         return found
+
+    def fields(self, node: cst.CSTNode) -> tuple[str, ...]:
+        """The fields of ``node`` to visit, for a type whose order varies per node."""
+        inert = self.inert[type(node)]
+        return tuple(name for name in child_fields(node) if name not in inert)
+
+
+def inert_fields(kind: type, inert_types: tuple[type, ...], hooked: tuple[type, ...]
+                 ) -> frozenset[str]:
+    """The fields of node type ``kind`` that can hold only strings, flags, sentinels and nodes
+    of ``inert_types`` (types whose subtrees a walk skips), none of them hooked: visiting them
+    could never call a hook, so the walk does not even read them (a call's parentheses, an
+    attribute's dot and name, an argument's keyword). Read from LibCST's field annotations;
+    anything an annotation does not say for sure (a forward reference) is visited."""
+    return frozenset(spec.name for spec in dataclasses.fields(kind)
+                     if _inert(spec.type, inert_types, hooked))
+
+
+#: what a field holds that is no node
+_VALUES = (str, bool, int, type(None), cst.MaybeSentinel)
+
+
+@functools.cache
+def _inert(annotation: Any, inert_types: tuple[type, ...], hooked: tuple[type, ...]) -> bool:
+    args = typing.get_args(annotation)
+    if args:
+        if typing.get_origin(annotation) is typing.Literal:
+            return all(isinstance(arg, _VALUES) for arg in args)
+        return all(_inert(arg, inert_types, hooked) for arg in args)
+    if not isinstance(annotation, type):
+        return False  # a forward reference, a type variable: not known here
+    # (class ancestry read from the MRO: LibCST's node classes are ABCs, whose issubclass
+    # machinery costs more than this whole test; none of them is registered virtually)
+    if cst.CSTNode not in annotation.__mro__:
+        return any(value in annotation.__mro__ for value in _VALUES)
+    kinds = [annotation, *_subclasses(annotation)]
+    return all(any(base in k.__mro__ for base in inert_types)
+               for k in kinds if not k.__abstractmethods__) \
+        and not any(k in hooked for k in kinds)
+
+
+@functools.cache
+def _subclasses(kind: type) -> tuple[type, ...]:
+    """The node types below ``kind`` (LibCST's own: the slot-less class its ``add_slots`` left
+    behind for each node type is no type a node has)."""
+    found: list[type] = []
+    for sub in kind.__subclasses__():
+        if getattr(sys.modules.get(sub.__module__), sub.__name__, None) is sub:
+            found += [sub, *_subclasses(sub)]
+    return tuple(found)
 
 
 def _own(cls: type, name: str) -> Any:
@@ -85,19 +148,21 @@ def rewrite(node: cst.CSTNode, transformer: cst.CSTTransformer) -> Any:
 
 
 def _visit(node: cst.CSTNode, transformer: Any, steps: dict, plan: Plan) -> Any:
-    kind = type(node)
-    step = steps.get(kind)
+    step = steps.get(type(node))
     if step is None:
-        step = plan.step(kind)
-    visit, leave, what = step
+        step = plan.step(node)
+    visit, leave, what, names = step
     if what == SKIP:
         return node
     updated = node
     if (visit is None or visit(transformer, node) is not False) and what >= CHILDREN:
+        if names is None:
+            names = plan.fields(node)
         if what == FIELDS:
-            return _leave(node, _fields(node, transformer, steps, plan), leave, transformer)
+            return _leave(node, _fields(node, names, transformer, steps, plan), leave,
+                          transformer)
         changes: dict[str, Any] | None = None
-        for name in child_fields(node):
+        for name in names:
             value = getattr(node, name)
             kind = type(value)
             if kind is tuple or kind is list:
@@ -133,13 +198,14 @@ def _leave(node: cst.CSTNode, updated: cst.CSTNode, leave: Any, transformer: Any
     return result
 
 
-def _fields(node: cst.CSTNode, transformer: Any, steps: dict, plan: Plan) -> cst.CSTNode:
+def _fields(node: cst.CSTNode, names: tuple[str, ...], transformer: Any, steps: dict,
+            plan: Plan) -> cst.CSTNode:
     """``node`` with its children visited, each field that holds a node or a sequence between
     the attribute hooks (LibCST also calls them around a field holding None or a
     ``MaybeSentinel``; a hook that needs those is better written as a node hook)."""
     changes: dict[str, Any] = {}
     enter, leave = transformer.on_visit_attribute, transformer.on_leave_attribute
-    for name in child_fields(node):
+    for name in names:
         value = getattr(node, name)
         if isinstance(value, (tuple, list)):
             enter(node, name)
