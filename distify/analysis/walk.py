@@ -148,7 +148,7 @@ def _plan(cls: type) -> _Plan | None:
     hooked: list[type] = []
     attribute_hooks = any(_own(cls, name) is not None
                           for name in ("on_visit_attribute", "on_leave_attribute"))
-    for name in dir(cls):
+    for name in _defined(cls):
         if not name.startswith(("visit_", "leave_")) or _own(cls, name) is None:
             continue
         kind = getattr(cst, name.split("_", 1)[1], None)
@@ -158,6 +158,21 @@ def _plan(cls: type) -> _Plan | None:
             attribute_hooks = True
     plan = _PLANS[cls] = None if attribute_hooks else _Plan(cls, hooked)
     return plan
+
+
+def _defined(cls: type) -> set[str]:
+    """The attributes ``cls`` and its bases define above LibCST's visitor classes (whose
+    ``dir`` lists a do-nothing hook for every node type: the analyses make a visitor class per
+    call, and reading that list each time cost more than their walks)."""
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        if klass not in _VISITOR_BASES:
+            names.update(vars(klass))
+    return names
+
+
+#: LibCST's visitor and transformer classes and their bases (their hooks do nothing)
+_VISITOR_BASES = frozenset({*cst.CSTVisitor.__mro__, *cst.CSTTransformer.__mro__})
 
 
 def walk(node: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
