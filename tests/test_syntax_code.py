@@ -51,3 +51,39 @@ def test_shift_continuations_moves_aligned_lines_and_keeps_hanging_ones():
     shifted = _shift_continuations(call, 3)
     assert cst.Module([]).code_for_node(shifted) == "f(a,\n     b, g({\n    'k': 1}),\n     c)"
     assert _shift_continuations(call, 0) is call
+
+
+def test_spans_lines_is_a_line_break_in_the_code_on_the_fixtures():
+    from distify.convert.syntax import _spans_lines
+
+    class _Every(cst.CSTVisitor):
+        def __init__(self) -> None:
+            super().__init__()
+            self.found: list[cst.CSTNode] = []
+
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            self.found.append(node)
+            return True
+
+    checked = spanning = 0
+    for path in sorted(FIXTURES.rglob("*.py"))[:80]:
+        try:
+            module = cst.parse_module(path.read_bytes())
+        except cst.ParserSyntaxError:
+            continue
+        every = _Every()
+        module.visit(every)
+        for node in every.found:
+            if isinstance(node, cst.Module):
+                continue
+            try:
+                expected = "\n" in cst.Module([]).code_for_node(node)
+            except Exception:  # a node that needs its parent to be written (CSTCodegenError)
+                continue
+            assert _spans_lines(node) == expected, (path, cst.Module([]).code_for_node(node))
+            checked += 1
+            spanning += expected
+    assert checked > 50_000 and spanning > 1_000
+    for source in ["(a\n)", "a \\\n+ b", "'''x\ny'''", "f'''{a}\n'''", "f(a,  # c\n b)", "[1]"]:
+        node = cst.parse_expression(source)
+        assert _spans_lines(node) == ("\n" in source)

@@ -22,6 +22,7 @@ from distify.convert.syntax import (
     _parameter_roots,
     _shift_continuations,
     _single_target,
+    _spans_lines,
 )
 
 
@@ -119,7 +120,7 @@ class PrepareMixin(TransformerBase):
         """``rt.prepare(call)``. When that would push a one-line statement past the file's own
         line length, the argument goes on the next line, indented, as one would by hand."""
         prefix = f"{self.rt}.prepare("
-        if "\n" in _code(call) or not self._too_long(len(prefix) + 1):
+        if _spans_lines(call) or not self._too_long(len(prefix) + 1):
             return self._rt_call("prepare", _shift_continuations(call, len(prefix)))
         return self._hanging(cst.Call(func=self._rt_attr("prepare"), args=[cst.Arg(call)]))
 

@@ -58,6 +58,7 @@ from distify.convert.syntax import (
     _is_false,
     _is_rt_call,
     _shift_continuations,
+    _spans_lines,
     _with_trailing_comma,
 )
 
@@ -698,7 +699,7 @@ class SideEffectMixin(TransformerBase):
         push the line past the file's own line length."""
         func = self._rt_attr(name)
         delta = len(_code(func)) - len(_code(call.func))
-        if call.args and self._too_long(delta) and "\n" not in _code(call):
+        if call.args and self._too_long(delta) and not _spans_lines(call):
             new = self._hanging(call.with_changes(func=func))
         else:
             new = _shift_continuations(call, delta, self._opening_column(original),

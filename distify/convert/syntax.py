@@ -89,6 +89,38 @@ def _hanging_opening(node: cst.CSTNode) -> cst.ParenthesizedWhitespace | None:
     return next((ws for ws in openings if isinstance(ws, cst.ParenthesizedWhitespace)), None)
 
 
+#: the nodes whose one token (``value``) may hold a line break: a backslash continuation, a
+#: triple-quoted string
+_MAY_BREAK = frozenset({cst.SimpleWhitespace, cst.SimpleString, cst.FormattedStringText,
+                        *([cst.TemplatedStringText] if hasattr(cst, "TemplatedStringText")
+                          else [])})
+#: one token, no line break in it: nothing to read below them when they have no parentheses
+_NO_BREAK = frozenset({cst.Name, cst.Integer, cst.Float, cst.Imaginary, cst.Comment})
+
+
+def _spans_lines(node: cst.CSTNode) -> bool:
+    """Does ``node``'s code hold a line break? (``"\n" in _code(node)``, without generating
+    the code: a walk that stops at the first break.)"""
+    kind = type(node)
+    if kind is cst.Newline:
+        return node.value is None or "\n" in node.value  # None: the default, "\n"
+    if kind in _MAY_BREAK:
+        if "\n" in node.value:
+            return True
+        if kind is cst.SimpleWhitespace:
+            return False
+    elif kind in _NO_BREAK and not getattr(node, "lpar", None):
+        return False
+    for name in child_fields(node):
+        value = getattr(node, name)
+        if type(value) is tuple or type(value) is list:
+            if any(_spans_lines(child) for child in value):
+                return True
+        elif is_node_type(type(value)) and _spans_lines(value):
+            return True
+    return False
+
+
 def _shift_continuations(call: cst.Call, delta: int, opening: int | None = None,
                          indent: int = 0) -> cst.Call:
     """Move the continuation lines of a call whose arguments are aligned with its opening
@@ -101,6 +133,8 @@ def _shift_continuations(call: cst.Call, delta: int, opening: int | None = None,
     deeper): they stay."""
     if delta == 0 or isinstance(call.whitespace_before_args, cst.ParenthesizedWhitespace):
         return call
+    if not _spans_lines(call):  # no line to move (the copy is kept: the report reads identity)
+        return call.with_changes(args=list(call.args))
     shift = _ShiftLines(delta, opening, indent)
     return call.with_changes(args=[shift.shift(arg) for arg in call.args])
 
