@@ -133,8 +133,8 @@ def _shift_continuations(call: cst.Call, delta: int, opening: int | None = None,
     deeper): they stay."""
     if delta == 0 or isinstance(call.whitespace_before_args, cst.ParenthesizedWhitespace):
         return call
-    if not _spans_lines(call):  # no line to move (the copy is kept: the report reads identity)
-        return call.with_changes(args=list(call.args))
+    if not _spans_lines(call):  # no line to move
+        return call
     shift = _ShiftLines(delta, opening, indent)
     return call.with_changes(args=[shift.shift(arg) for arg in call.args])
 

@@ -184,15 +184,20 @@ class DistifyTransformer(AccumulationMixin, BatchShapeMixin, CollectedMixin, Mod
             placeholder = cst.SimpleStatementLine([cst.Pass()])
             self.ctx.emptied.add(placeholder)
             return updated.with_changes(body=[placeholder])
-        return updated.with_changes(body=self._tidy_block(updated.body))
+        body = self._tidy_block(updated.body)
+        return updated if body is updated.body else updated.with_changes(body=body)
 
     def _tidy_block(self, body):
-        """Group dataset downloads under one ``main_process_first`` and merge adjacent guards."""
+        """Group dataset downloads under one ``main_process_first`` and merge adjacent guards;
+        ``body`` itself when that changes nothing (so the block is not copied)."""
+        tidied = body
         if self.ctx.download_stmts or self.ctx.unit_outputs:
-            body = self._group_downloads(body)
+            tidied = self._group_downloads(tidied)
         if self.ctx.guards:
-            body = self._merge_guards(body)
-        return body
+            tidied = self._merge_guards(tidied)
+        if len(tidied) == len(body) and all(a is b for a, b in zip(tidied, body)):
+            return body
+        return tidied
 
     @handles("leave_If")
     def _driver_after_if(self, original: cst.If, updated: cst.If):
@@ -279,7 +284,8 @@ class DistifyTransformer(AccumulationMixin, BatchShapeMixin, CollectedMixin, Mod
     def _driver_after_module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
         if self.ctx.removed and updated.body:
             self._attach_removals(updated.body[-1])
-        return updated.with_changes(body=self._tidy_block(updated.body))
+        body = self._tidy_block(updated.body)
+        return updated if body is updated.body else updated.with_changes(body=body)
 
     # LibCST's per-field hooks: only the models' ``if``-chain bookkeeping uses them (the base's
     # do nothing, and skip LibCST's lookup of ``visit_<Node>_<field>`` methods)
