@@ -21,6 +21,7 @@ from distify.convert import traverse
 from distify.convert.context import ConvertContext, _Scope
 from distify.convert.driver import handles, install
 from distify.convert.rewrites import REGISTRY
+from distify.convert.starts import StatementStarts
 from distify.convert.syntax import _callee, _code, _is_zero
 from distify.rules import RuleSet
 
@@ -164,7 +165,8 @@ class TransformerBase(cst.CSTTransformer):
         return None
 
     def __init__(self, facts: FileFacts, rules: RuleSet, rt: str,
-                 skip: frozenset[str] = frozenset()) -> None:
+                 skip: frozenset[str] = frozenset(), *,
+                 starts: StatementStarts | None = None) -> None:
         super().__init__()
         self.facts = facts
         self.rules = rules
@@ -172,7 +174,7 @@ class TransformerBase(cst.CSTTransformer):
         #: the rewrites turned off (``--skip``; names of :mod:`distify.convert.rewrites`)
         self.skip = skip
         #: the bookkeeping of the module being converted (made anew for each module)
-        self.ctx = ConvertContext()
+        self.ctx = ConvertContext(starts=starts)
         self.edits: list[Edit] = []
         #: index of the first top-level statement that runs at import time and uses the
         #: runtime (where its import must already be done); len(body) when there is none
@@ -206,11 +208,15 @@ class TransformerBase(cst.CSTTransformer):
             # each leading comment or blank line is one line of the code: the statement's own
             # first line comes after them (no copy of the statement without them is made)
             leading = statement.leading_lines
-            if all(line.newline.value != "\r" for line in leading):
+            known = self.ctx.starts.first_line(statement) if self.ctx.starts else None
+            if known is not None:  # as written (the code of an unchanged statement is that)
+                self.ctx.first_lines[id(statement)] = known
+            elif all(line.newline.value != "\r" for line in leading):
                 code = _code(statement).split("\n", len(leading) + 1)[len(leading)]
+                self.ctx.first_lines[id(statement)] = len(code)
             else:  # an old Mac line end is no "\n"
                 code = _code(statement.with_changes(leading_lines=())).split("\n", 1)[0]
-            self.ctx.first_lines[id(statement)] = len(code)
+                self.ctx.first_lines[id(statement)] = len(code)
         width = len(self.ctx.indent_unit) * self.ctx.depth + self.ctx.first_lines[id(statement)]
         return width + growth > max(self.facts.longest_line, 79)
 

@@ -29,6 +29,7 @@ from distify.convert.devices import (
     stays_on_cpu,
 )
 from distify.convert.rewrites import REGISTRY
+from distify.convert.starts import StatementStarts
 from distify.convert.transformer import DistifyTransformer
 from distify.convert.traverse import rewrite
 from distify.errors import UserError
@@ -128,7 +129,8 @@ def _convert(source: bytes, path: str, rules: RuleSet | None, runtime_module: st
             "differentiates plain tensors, as an autograd example does"))
     module = _parse_cst(source, path)
     rt = next((n for n in _RUNTIME_NAMES if n not in facts.names), "_distify_runtime")
-    transformer = DistifyTransformer(facts, rules, rt, skip)
+    transformer = DistifyTransformer(facts, rules, rt, skip,
+                                     starts=StatementStarts(tree, source, module))
     with _deep_recursion(path):
         result = _rewrite(path, source, module, transformer, runtime_module)
     return dataclasses.replace(result, imports=imports, helper=helper,

@@ -1,0 +1,157 @@
+"""Where the parsed module's statement lines start in the source, read from the ``ast`` tree.
+
+A rewrite that lengthens a line asks how long the line is as written (``_too_long``: does the
+longer name still fit the file's own line length?). Generating the statement's code to measure
+its first line was the largest single cost left in the rewriting pass: hundreds of statements
+on a large script, each written out in full. The ``ast`` tree the analysis already parsed knows
+where every statement starts; the two trees hold the same statements in the same order, so the
+k-th statement of one is the k-th of the other. That correspondence is checked statement by
+statement (their kinds must agree all the way) before it is used; a file where it does not hold,
+or whose lines do not end the way both parsers count them, is measured the old way.
+"""
+
+from __future__ import annotations
+
+import ast
+
+import libcst as cst
+
+#: LibCST statement type → the ``ast`` statement types it can be
+_KINDS: dict[type, tuple[type, ...]] = {
+    cst.Expr: (ast.Expr,), cst.Assign: (ast.Assign,), cst.AugAssign: (ast.AugAssign,),
+    cst.AnnAssign: (ast.AnnAssign,), cst.Return: (ast.Return,), cst.Raise: (ast.Raise,),
+    cst.Assert: (ast.Assert,), cst.Del: (ast.Delete,), cst.Pass: (ast.Pass,),
+    cst.Break: (ast.Break,), cst.Continue: (ast.Continue,), cst.Global: (ast.Global,),
+    cst.Nonlocal: (ast.Nonlocal,), cst.Import: (ast.Import,), cst.ImportFrom: (ast.ImportFrom,),
+    cst.FunctionDef: (ast.FunctionDef, ast.AsyncFunctionDef), cst.ClassDef: (ast.ClassDef,),
+    cst.For: (ast.For, ast.AsyncFor), cst.While: (ast.While,), cst.If: (ast.If,),
+    cst.With: (ast.With, ast.AsyncWith), cst.Try: (ast.Try,), cst.Match: (ast.Match,),
+}
+for _name in ("TryStar", "TypeAlias"):  # newer Pythons' statements
+    if hasattr(cst, _name) and hasattr(ast, _name):
+        _KINDS[getattr(cst, _name)] = (getattr(ast, _name),)
+
+
+class StatementStarts:
+    """The first line of each of a module's own statement lines, as written (built on first
+    use)."""
+
+    def __init__(self, tree: ast.Module, source: bytes, module: cst.Module) -> None:
+        self._tree = tree
+        self._source = source
+        self._module = module
+        #: id of a statement line → (1-based line, UTF-8 byte column) of its first statement;
+        #: None until built, empty when the trees could not be matched
+        self._starts: dict[int, tuple[int, int]] | None = None
+        self._lines: list[str] = []
+
+    def first_line(self, statement: cst.SimpleStatementLine) -> int | None:
+        """The length of ``statement``'s first line from its first token (its code's first
+        line, leading comments left out); None when not known here (not a statement of the
+        parsed module, or a file measured the old way)."""
+        if self._starts is None:
+            self._starts = self._build()
+        start = self._starts.get(id(statement))
+        if start is None:
+            return None
+        line = self._lines[start[0] - 1]
+        if line.endswith("\r") and self._module.default_newline == "\r\n":
+            # LibCST keeps the file's usual line end as "the default" (written as "\n" when the
+            # statement's code is generated on its own); another line end is its own text
+            line = line[:-1]
+        if line.isascii():
+            return len(line) - start[1]
+        return len(line.encode("utf-8")[start[1]:].decode("utf-8"))
+
+    def _build(self) -> dict[int, tuple[int, int]]:
+        try:
+            text = self._source.decode(self._module.encoding)
+        except (LookupError, UnicodeDecodeError):
+            return {}
+        text = text.removeprefix("\ufeff")
+        if "\r" in text.replace("\r\n", ""):  # a lone carriage return ends a line for ast
+            return {}
+        self._lines = text.split("\n")
+        theirs = _ast_statements(self._tree.body, [])
+        lines: dict[int, int] = {}
+        ours = _cst_statements(self._module.body, [], lines)
+        if len(ours) != len(theirs) or any(
+                not isinstance(other, _KINDS.get(type(mine), ())) for mine, other in
+                zip(ours, theirs)):
+            return {}
+        return {key: (theirs[index].lineno, theirs[index].col_offset)
+                for key, index in lines.items()}
+
+
+def _ast_statements(body: list[ast.stmt], out: list[ast.stmt]) -> list[ast.stmt]:
+    """Every statement in ``body``, in source order (a statement before the ones it holds)."""
+    for stmt in body:
+        out.append(stmt)
+        if isinstance(stmt, ast.If):
+            _ast_statements(stmt.body, out)
+            _ast_statements(stmt.orelse, out)
+        elif isinstance(stmt, (ast.Try, *_TRY_STAR)):
+            _ast_statements(stmt.body, out)
+            for handler in stmt.handlers:
+                _ast_statements(handler.body, out)
+            _ast_statements(stmt.orelse, out)
+            _ast_statements(stmt.finalbody, out)
+        elif isinstance(stmt, ast.Match):
+            for case in stmt.cases:
+                _ast_statements(case.body, out)
+        else:
+            _ast_statements(getattr(stmt, "body", []), out)
+            _ast_statements(getattr(stmt, "orelse", []), out)
+    return out
+
+
+_TRY_STAR = (ast.TryStar,) if hasattr(ast, "TryStar") else ()
+
+
+def _cst_statements(body, out: list[cst.CSTNode], lines: dict[int, int]) -> list[cst.CSTNode]:
+    """The LibCST statements in ``body``, in the order of :func:`_ast_statements` (each small
+    statement of a line on its own); ``lines`` gets the index of each line's first one."""
+    for stmt in body:
+        if isinstance(stmt, cst.SimpleStatementLine):
+            lines[id(stmt)] = len(out)
+            out.extend(stmt.body)
+            continue
+        out.append(stmt)
+        if isinstance(stmt, cst.If):
+            _cst_suite(stmt.body, out, lines)
+            orelse = stmt.orelse
+            while isinstance(orelse, cst.If):  # elif: an `if` in the `else` for ast
+                out.append(orelse)
+                _cst_suite(orelse.body, out, lines)
+                orelse = orelse.orelse
+            if orelse is not None:
+                _cst_suite(orelse.body, out, lines)
+        elif isinstance(stmt, (cst.Try, *_CST_TRY_STAR)):
+            _cst_suite(stmt.body, out, lines)
+            for handler in stmt.handlers:
+                _cst_suite(handler.body, out, lines)
+            for part in (stmt.orelse, stmt.finalbody):
+                if part is not None:
+                    _cst_suite(part.body, out, lines)
+        elif isinstance(stmt, cst.Match):
+            for case in stmt.cases:
+                _cst_suite(case.body, out, lines)
+        elif isinstance(stmt, (cst.For, cst.While)):
+            _cst_suite(stmt.body, out, lines)
+            if stmt.orelse is not None:
+                _cst_suite(stmt.orelse.body, out, lines)
+        elif isinstance(stmt, (cst.FunctionDef, cst.ClassDef, cst.With)):
+            _cst_suite(stmt.body, out, lines)
+        else:  # a statement this module does not know: no correspondence to rely on
+            out.append(None)
+    return out
+
+
+_CST_TRY_STAR = (cst.TryStar,) if hasattr(cst, "TryStar") else ()
+
+
+def _cst_suite(suite: cst.BaseSuite, out: list[cst.CSTNode], lines: dict[int, int]) -> None:
+    if isinstance(suite, cst.IndentedBlock):
+        _cst_statements(suite.body, out, lines)
+    else:  # `if x: a; b`: the small statements of a one-line suite
+        out.extend(suite.body)

@@ -1,0 +1,75 @@
+"""convert/starts: a statement line's first line as written, read from the ``ast`` tree, is the
+first line of its LibCST code (what the line-length checks measured by generating it)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import libcst as cst
+import pytest
+
+from distify.convert.starts import StatementStarts
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def _lines(module: cst.Module) -> list[cst.SimpleStatementLine]:
+    found: list[cst.SimpleStatementLine] = []
+
+    class _Lines(cst.CSTVisitor):
+        def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+            found.append(node)
+
+    module.visit(_Lines())
+    return found
+
+
+def _generated(line: cst.SimpleStatementLine) -> int:
+    code = cst.Module([]).code_for_node(line.with_changes(leading_lines=()))
+    return len(code.split("\n", 1)[0])
+
+
+def _check(source: bytes) -> int:
+    module = cst.parse_module(source)
+    starts = StatementStarts(ast.parse(source), source, module)
+    lines = _lines(module)
+    for line in lines:
+        assert starts.first_line(line) == _generated(line), cst.Module([]).code_for_node(line)
+    return len(lines)
+
+
+def test_every_statement_line_of_the_fixtures() -> None:
+    checked = 0
+    for path in sorted(FIXTURES.rglob("*.py")):
+        try:
+            checked += _check(path.read_bytes())
+        except (SyntaxError, cst.ParserSyntaxError):
+            continue
+    assert checked > 3_000
+
+
+@pytest.mark.parametrize("source", [
+    "x = 1; y = 2  # two\nif x: a = 1; b = 2\nelif y:\n    pass\nelse:\n    c = 3\n",
+    "try:\n    a()\nexcept E:\n    b()\nelse:\n    c()\nfinally:\n    d()\n",
+    "for i in r:\n    x = i\nelse:\n    y = 0\nwhile z:\n    break\n",
+    "@dec\ndef f(a):\n    '''doc'''\n    return (a +\n            1)\n",
+    "class C:\n    x: int = 1\n    def g(self): return self.x\n",
+    "with open(p) as f, open(q) as g:\n    data = f.read()  # é\n",
+    "match v:\n    case 1:\n        r = 'one'\n    case _:\n        r = 'ñ' * 3\n",
+    "async def h():\n    async with a:\n        await b\n    async for c in d:\n        pass\n",
+    "# a comment\n\n\nx = {\n    'k': 1,\n}\ny = 'a' \\\n    'b'\n",
+    "\ufeffx = 1\r\ny = 2\r\n",
+    "x = (1,\r\n     2)\r\ny = 3\nz = 4\r\n",  # mostly CRLF, one LF
+    "x = 1\ny = (2,\r\n     3)\nz = 4\n",  # mostly LF, one CRLF
+])
+def test_shapes(source: str) -> None:
+    assert _check(source.encode("utf-8")) >= 1
+
+
+def test_no_answer_where_lines_end_with_a_lone_carriage_return() -> None:
+    source = b"x = 1\ry = 2\n"
+    module = cst.parse_module(source)
+    starts = StatementStarts(ast.parse(source), source, module)
+    assert all(starts.first_line(line) is None for line in _lines(module))
+    assert starts.first_line(cst.SimpleStatementLine([cst.Pass()])) is None
