@@ -4,31 +4,81 @@
 operator singletons too (``Load()`` of every name, ``Add()`` of every ``+``): a quarter of a
 typical file's nodes, which no analysis here looks at. :func:`child_nodes` returns the same
 children, in the same order, without those.
+
+It reads only the fields that can hold a node. Each node class documents its fields in the
+grammar's own terms (``Name(identifier id, expr_context ctx)``, ``Dict(expr* keys, expr*
+values)``): a field of a builtin type (``identifier``, ``string``, ``constant``, ``int``) or of a
+context or operator type never holds one, so the per-node ``isinstance`` tests of a field that
+holds a string (every ``id``, ``attr``, ``arg``) go. A class whose signature does not read that
+way is walked field by field, testing each value.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from collections import deque
 from collections.abc import Iterator
 
 #: the fields that hold only a context or operator singleton (``ctx``, ``op``) or a list of
 #: them (``ops`` of a comparison)
 _LEAF_FIELDS = frozenset({"ctx", "op", "ops"})
-#: node type → the fields that may hold child nodes, in ``_fields`` order
-_FIELDS: dict[type, tuple[str, ...]] = {}
+#: grammar types whose values are never a child node here: builtins, contexts and operators
+_NOT_NODES = frozenset({"identifier", "string", "constant", "int", "object", "bytes",
+                        "expr_context", "operator", "boolop", "cmpop", "unaryop"})
+#: ``Name(identifier id, expr_context ctx)``: the class's name, then its fields' signatures
+_SIGNATURE = re.compile(r"(\w+)\((.*)\)")
+_FIELD = re.compile(r"(\w+)([*?]?) (\w+)")
+#: node type → (field, holds a list) for each field that may hold child nodes, in ``_fields``
+#: order; None for a type walked field by field (:func:`_generic`)
+_PLANS: dict[type, tuple[tuple[str, bool], ...] | None] = {}
 _AST = ast.AST
+
+
+def _plan(kind: type) -> tuple[tuple[str, bool], ...] | None:
+    """The fields of ``kind`` that may hold nodes, read from its grammar signature; None when
+    the signature is missing or does not name every field."""
+    fields = kind._fields
+    match = _SIGNATURE.fullmatch((kind.__doc__ or "").strip())
+    if match is None or match.group(1) != kind.__name__:
+        return None
+    signature = {name: (grammar_type, many) for grammar_type, many, name
+                 in _FIELD.findall(match.group(2))}
+    if set(signature) != set(fields):
+        return None
+    return tuple((name, signature[name][1] == "*") for name in fields
+                 if name not in _LEAF_FIELDS and signature[name][0] not in _NOT_NODES)
 
 
 def child_nodes(node: ast.AST) -> list[ast.AST]:
     """``list(ast.iter_child_nodes(node))`` without the context and operator nodes."""
     kind = type(node)
-    fields = _FIELDS.get(kind)
-    if fields is None:
-        fields = _FIELDS[kind] = tuple(name for name in kind._fields
-                                       if name not in _LEAF_FIELDS)
+    try:
+        plan = _PLANS[kind]
+    except KeyError:
+        plan = _PLANS[kind] = _plan(kind)
+    if plan is None:
+        return _generic(node)
     found: list[ast.AST] = []
-    for name in fields:
+    for name, many in plan:
+        value = getattr(node, name, None)
+        if value is None:
+            continue
+        if many:  # a list of nodes, with None in some places (``{**d}``'s key, ``kw_defaults``)
+            for item in value:
+                if item is not None:
+                    found.append(item)
+        else:
+            found.append(value)
+    return found
+
+
+def _generic(node: ast.AST) -> list[ast.AST]:
+    """:func:`child_nodes` testing every field's value (a class without a plan)."""
+    found: list[ast.AST] = []
+    for name in node._fields:
+        if name in _LEAF_FIELDS:
+            continue
         value = getattr(node, name, None)
         if type(value) is list:
             for item in value:
