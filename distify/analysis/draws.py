@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 import re
 
-from distify.analysis.astwalk import child_nodes
+from distify.analysis.astwalk import child_nodes, walk
 from distify.analysis.names import ImportMap
 from distify.rules import Entry
 
@@ -89,27 +89,35 @@ def may_draw_batches(tree: ast.Module, imports: ImportMap) -> bool:
     calls_of: dict[str | None, set[str | None]] = {}
     drawing: set[str | None] = set()
     loops: list[list] = []  # per loop: [names it calls, draws itself, has a backward]
+    # Only statements open a function or a loop: the walk carries its context through them,
+    # and an expression (or an argument list, a keyword, a comprehension: what holds no
+    # statement) is read as a whole, its calls in the context of the statement that holds it.
     stack: list[tuple[ast.AST, str | None, tuple[int, ...]]] = [(tree, None, ())]
     while stack:
         node, function, inside = stack.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        kind = type(node)
+        if kind is ast.FunctionDef or kind is ast.AsyncFunctionDef:
             function, inside = node.name, ()
-        elif isinstance(node, (ast.For, ast.AsyncFor, ast.While)):
+        elif kind is ast.For or kind is ast.AsyncFor or kind is ast.While:
             loops.append([set(), False, False])
             inside = (*inside, len(loops) - 1)
-        elif isinstance(node, ast.Call):
-            name = _last_name(node.func)
-            calls_of.setdefault(function, set()).add(name)
-            qual = imports.ast_qualname(node.func)
-            family = draw_family(qual)
-            if family is not None:
-                drawing.add(function)
-            for index in inside:
-                loop = loops[index]
-                loop[0].add(name)
-                loop[2] = loop[2] or name == "backward"
-                loop[1] = loop[1] or qual in TORCH_LOOP_DRAWS
-        stack.extend((child, function, inside) for child in child_nodes(node))
+        for child in child_nodes(node):
+            if isinstance(child, _HOLDS_STATEMENTS):
+                stack.append((child, function, inside))
+                continue
+            for sub in walk(child):
+                if type(sub) is not ast.Call:
+                    continue
+                name = _last_name(sub.func)
+                calls_of.setdefault(function, set()).add(name)
+                qual = imports.ast_qualname(sub.func)
+                if draw_family(qual) is not None:
+                    drawing.add(function)
+                for index in inside:
+                    loop = loops[index]
+                    loop[0].add(name)
+                    loop[2] = loop[2] or name == "backward"
+                    loop[1] = loop[1] or qual in TORCH_LOOP_DRAWS
     drawing.discard(None)
     changed = bool(drawing)
     while changed:  # a function calling a drawing function draws too
@@ -117,6 +125,10 @@ def may_draw_batches(tree: ast.Module, imports: ImportMap) -> bool:
         changed = not grown <= drawing
         drawing |= grown
     return any(called & drawing or (draws and backward) for called, draws, backward in loops)
+
+
+#: the nodes that may hold statements (and so open a function or a loop below them)
+_HOLDS_STATEMENTS = (ast.stmt, ast.excepthandler, ast.match_case, ast.mod)
 
 
 def _last_name(func: ast.expr) -> str | None:

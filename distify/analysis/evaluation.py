@@ -124,6 +124,9 @@ class FlowFinder:
     """Builds an :class:`EvalFlow`: :meth:`see` every node of the tree (in any order, so a
     walk made for other facts serves), then :meth:`result`."""
 
+    #: the node types :meth:`see` reads (it passes over any other)
+    SEEN = frozenset({ast.Assign, ast.For, ast.AsyncFor, ast.FunctionDef, ast.AsyncFunctionDef})
+
     def __init__(self, imports: Any, rules: _Matches) -> None:
         self.imports, self.rules = imports, rules
         self.flow = EvalFlow()

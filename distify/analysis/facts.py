@@ -178,12 +178,13 @@ def gather_facts(tree: ast.Module, source: bytes, rules: RuleSet) -> FileFacts:
     handler_of = handlers.get
 
     def each(node: ast.AST) -> None:
-        handler = handler_of(type(node))
+        kind = type(node)
+        handler = handler_of(kind)
         if handler is not None:
             handler(node)
-        if markers is not None and not markers.done:
-            markers.see(node)
-        if flow is not None:
+        if markers is not None and kind in parallelism.SEEN and not markers.done:
+            markers.see(node)  # the markers and the flow read a few node types: not the rest
+        if flow is not None and kind in FlowFinder.SEEN:
             flow.see(node)
 
     collected = collect(tree, facts.imports, rules, each) if trains else None

@@ -40,6 +40,10 @@ _RANK_FLAGS = frozenset({"--local_rank", "--local-rank"})
 _PROCESS_STARTERS = ("torch.multiprocessing.", "multiprocessing.")
 
 
+#: the node types :meth:`Finder.see` reads (it passes over any other)
+SEEN = frozenset({ast.Call, ast.Name, ast.Import, ast.ImportFrom, ast.Attribute, ast.Constant})
+
+
 class _Matches(Protocol):
     def match(self, category: str, name: str | None) -> Any: ...
 
