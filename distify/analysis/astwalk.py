@@ -93,10 +93,27 @@ def walk(node: ast.AST) -> list[ast.AST]:
     """``list(ast.walk(node))`` (breadth first, the same order) without the context and
     operator nodes."""
     found = [node]
-    index = 0
-    while index < len(found):
-        found.extend(child_nodes(found[index]))
-        index += 1
+    plans = _PLANS
+    append = found.append
+    for current in found:  # the list grows as it is read: breadth first
+        kind = type(current)
+        try:
+            plan = plans[kind]
+        except KeyError:
+            plan = plans[kind] = _plan(kind)
+        if plan is None:
+            found.extend(_generic(current))
+            continue
+        for name, many in plan:  # child_nodes, inline: a call per node is most of a walk
+            value = getattr(current, name, None)
+            if value is None:
+                continue
+            if many:
+                for item in value:
+                    if item is not None:
+                        append(item)
+            else:
+                append(value)
     return found
 
 

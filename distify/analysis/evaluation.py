@@ -196,10 +196,11 @@ class FlowFinder:
     def reduction_of(self, value: ast.expr) -> str | None:
         """The reduction of the loss ``value`` computes (see :func:`loss_reduction`), None
         for no loss known here."""
-        if any(_is_count(node) for node in walk(value)):
+        nodes = walk(value)
+        if any(_is_count(node) for node in nodes if type(node) in _COUNTS):
             return None  # a mean times its count: a sum, whatever the reduction
-        for node in walk(value):
-            if isinstance(node, ast.Call):
+        for node in nodes:
+            if type(node) is ast.Call:
                 callee = node.func
                 if isinstance(callee, ast.Name) and callee.id in self.flow.criteria:
                     return self.flow.criteria[callee.id]
@@ -264,20 +265,27 @@ class FlowFinder:
 def _per_batch_callees(loop: ast.For | ast.AsyncFor) -> set[str]:
     """Local functions called in ``loop``'s body with a value of its batch as an argument."""
     batch = {n.id for n in walk(loop.target) if isinstance(n, ast.Name)}
-    for node in _body_nodes(loop.body):
+    nodes = _body_nodes(loop.body)
+    for node in nodes:
         if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for target in targets:
                 batch.update(n.id for n in walk(target) if isinstance(n, ast.Name))
     found: set[str] = set()
-    for node in _body_nodes(loop.body):
-        if isinstance(node, ast.Call):
+    for node in nodes:
+        if type(node) is ast.Call:
             name = _own_callee(node.func)
+            if name is None or name in found:
+                continue
             values = [*node.args, *(k.value for k in node.keywords)]
-            if name is not None and any(isinstance(n, ast.Name) and n.id in batch
-                                        for value in values for n in walk(value)):
+            if any(isinstance(n, ast.Name) and n.id in batch
+                   for value in values for n in walk(value)):
                 found.add(name)
     return found
+
+
+#: what runs in a scope of its own, not as part of the body around it
+_OWN_SCOPES = frozenset({ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda})
 
 
 def _body_nodes(body: list[ast.stmt]) -> list[ast.AST]:
@@ -286,11 +294,15 @@ def _body_nodes(body: list[ast.stmt]) -> list[ast.AST]:
     stack: list[ast.AST] = list(body)
     while stack:
         node = stack.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+        if type(node) in _OWN_SCOPES:
             continue
         found.append(node)
         stack.extend(child_nodes(node))
     return found
+
+
+#: the node types :func:`_is_count` may answer True for
+_COUNTS = frozenset({ast.Call, ast.Subscript})
 
 
 def _is_count(node: ast.AST) -> bool:
