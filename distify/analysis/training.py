@@ -131,6 +131,15 @@ def _root(node: ast.AST) -> str | None:
     return ".".join(parts[:2]) if parts[0] == "self" and len(parts) > 1 else parts[0]
 
 
+class _Back:
+    """On :meth:`Collector.collect`'s stack: the scope to return to."""
+
+    __slots__ = ("scope",)
+
+    def __init__(self, scope: _Scope) -> None:
+        self.scope = scope
+
+
 class Collector:
     """One source-ordered walk (an explicit stack: several times cheaper than an
     ``ast.NodeVisitor``) that files each fact under its scope. Everything under a ``def`` or a
@@ -151,18 +160,27 @@ class Collector:
         """Walk ``tree`` once; ``each`` (if given) is called on every node too (but the
         context and operator singletons: :func:`~.astwalk.child_nodes`), so a caller with facts
         of its own to gather needs no walk of its own."""
-        stack: list[tuple[ast.AST, _Scope]] = [(tree, self.scopes[()])]
+        # The scope changes only at a def or a class: a marker below its children on the
+        # stack puts the scope around it back once they are done (no (node, scope) per node).
+        stack: list[ast.AST | _Back] = [tree]
+        scope = self.scopes[()]
         handlers = self._handlers
         while stack:
-            node, scope = stack.pop()
+            node = stack.pop()
+            if type(node) is _Back:
+                scope = node.scope
+                continue
             if each is not None:
                 each(node)
             handler = handlers.get(type(node))
             if handler is not None:
-                scope = handler(node, scope) or scope
+                inner = handler(node, scope)
+                if inner is not None and inner is not scope:
+                    stack.append(_Back(scope))
+                    scope = inner
             children = child_nodes(node)
             children.reverse()
-            stack.extend((child, scope) for child in children)
+            stack.extend(children)
 
     def _enter(self, scope: _Scope, name: str, params: list[str]) -> _Scope:
         path = (*scope.path, name)
@@ -246,6 +264,7 @@ class Flow:
         self.imports, self.rules = collector.imports, collector.rules
         self._class_methods: dict[Scope, dict[str, set[str]]] = {}
         self._models: dict[tuple[Scope, str], bool] = {}  # is_model answers (at hop 0)
+        self._by_callee: dict[str, list[tuple[_Scope, ast.Call]]] | None = None
 
     # ------------------------------------------------------------------ what is a model?
     def is_model(self, scope: _Scope, name: str, hops: int = 0) -> bool:
@@ -513,16 +532,28 @@ class Flow:
         position = function.params.index(param)
         if is_init or (function.params and function.params[0] == "self"):
             position -= 1  # bound: `self` is not passed
-        for scope in self.scopes.values():
-            for called, call in (scope.calls if calls is None else calls.get(scope.path, ())):
-                if called != callee_name:
-                    continue
-                keyword = next((k.value for k in call.keywords if k.arg == param), None)
-                if keyword is not None:
-                    yield scope, keyword
-                elif 0 <= position < len(call.args) and not any(
-                        isinstance(a, ast.Starred) for a in call.args[:position + 1]):
-                    yield scope, call.args[position]
+        if calls is None:
+            found = self._calls_by_callee().get(callee_name, ())
+        else:
+            found = [(scope, call) for scope in self.scopes.values()
+                     for called, call in calls.get(scope.path, ()) if called == callee_name]
+        for scope, call in found:
+            keyword = next((k.value for k in call.keywords if k.arg == param), None)
+            if keyword is not None:
+                yield scope, keyword
+            elif 0 <= position < len(call.args) and not any(
+                    isinstance(a, ast.Starred) for a in call.args[:position + 1]):
+                yield scope, call.args[position]
+
+    def _calls_by_callee(self) -> dict[str, list[tuple[_Scope, ast.Call]]]:
+        """Callee name → (scope, call) for each call the walk recorded, scope by scope in
+        order (built on the first question: every function's callers are one look-up)."""
+        if self._by_callee is None:
+            self._by_callee = {}
+            for scope in self.scopes.values():
+                for called, call in scope.calls:
+                    self._by_callee.setdefault(called, []).append((scope, call))
+        return self._by_callee
 
 
 def _moved(value: ast.expr) -> ast.expr:
