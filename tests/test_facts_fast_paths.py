@@ -87,6 +87,11 @@ async def main():
     async for b in stream(torch.randint(3, (2,))):
         b.backward()
 """,
+    "an aliased draw": """\
+from torch import randn as noise
+for b in loader:
+    model(b + noise(3)).sum().backward()
+""",
     "no draw": """\
 import torch
 for x in loader:

@@ -108,9 +108,12 @@ def may_draw_batches(tree: ast.Module, imports: ImportMap) -> bool:
             for sub in walk(child):
                 if type(sub) is not ast.Call:
                     continue
-                name = _last_name(sub.func)
+                func = sub.func
+                name = _last_name(func)
                 calls_of.setdefault(function, set()).add(name)
-                qual = imports.ast_qualname(sub.func)
+                # a method's last name is its qualified name's: no draw unless it is one's
+                qual = None if type(func) is ast.Attribute and name not in _DRAW_NAMES \
+                    else imports.ast_qualname(func)
                 if draw_family(qual) is not None:
                     drawing.add(function)
                 for index in inside:
@@ -127,6 +130,9 @@ def may_draw_batches(tree: ast.Module, imports: ImportMap) -> bool:
     return any(called & drawing or (draws and backward) for called, draws, backward in loops)
 
 
+#: the last names of every draw :func:`draw_family` or ``TORCH_LOOP_DRAWS`` knows
+_DRAW_NAMES = frozenset({qual.rsplit(".", 1)[-1] for qual in TORCH_BATCH_DRAWS | TORCH_LOOP_DRAWS}
+                        | NUMPY_DRAWS | PYTHON_DRAWS)
 #: the nodes that may hold statements (and so open a function or a loop below them)
 _HOLDS_STATEMENTS = (ast.stmt, ast.excepthandler, ast.match_case, ast.mod)
 

@@ -229,6 +229,10 @@ class FlowFinder:
                 self._block(stmt.body, inner)
                 state[1] = inner[1]
                 continue
+            kind = type(stmt)
+            if kind in _SIMPLE:
+                self._calls(stmt, state)
+                continue
             headers = [getattr(stmt, name) for name in ("test", "iter", "subject")
                        if isinstance(getattr(stmt, name, None), ast.expr)]
             bodies = [getattr(stmt, name) for name in ("body", "orelse", "finalbody")
@@ -245,7 +249,7 @@ class FlowFinder:
 
     def _calls(self, node: ast.AST, state: list[bool]) -> None:
         for sub in walk(node):
-            if not isinstance(sub, ast.Call):
+            if type(sub) is not ast.Call:
                 continue
             func = sub.func
             if isinstance(func, ast.Attribute) and func.attr in ("eval", "train"):
@@ -260,6 +264,13 @@ class FlowFinder:
             name = _own_callee(func)
             if name is not None:
                 self.calls.setdefault(name, set()).add(state[0] or state[1])
+
+
+#: statements that hold no statements (no body, handlers or cases): their calls are read whole
+_SIMPLE = frozenset(kind for kind in vars(ast).values()
+                    if isinstance(kind, type) and issubclass(kind, ast.stmt)
+                    and not {"body", "orelse", "finalbody", "handlers", "cases"} & set(
+                        kind._fields))
 
 
 def _per_batch_callees(loop: ast.For | ast.AsyncFor) -> set[str]:

@@ -88,14 +88,15 @@ class Finder:
     def see(self, node: ast.AST) -> None:
         if self.distributed is not None:
             return
+        kind = type(node)
+        if kind is ast.Name:  # the commonest first
+            if isinstance(node.ctx, ast.Load):
+                self._read.add(node.id)
+            return
         if isinstance(node, ast.Call):
             func = node.func
             if isinstance(func, ast.Attribute) and func.attr in ("share_memory", "share_memory_"):
                 self.shares_memory = True
-            return
-        if isinstance(node, ast.Name):
-            if isinstance(node.ctx, ast.Load):
-                self._read.add(node.id)
             return
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             self._imports(node)
