@@ -50,6 +50,17 @@ def _plan(kind: type) -> tuple[tuple[str, bool], ...] | None:
                  if name not in _LEAF_FIELDS and signature[name][0] not in _NOT_NODES)
 
 
+def plan_of(kind: type) -> tuple[tuple[str, bool], ...] | None:
+    """(field, holds a list) for each field of node class ``kind`` that may hold child nodes,
+    for a walk that reads them inline (a list may hold None: skip it); None when the class has
+    no readable signature (use :func:`child_nodes`)."""
+    try:
+        return _PLANS[kind]
+    except KeyError:
+        plan = _PLANS[kind] = _plan(kind)
+        return plan
+
+
 def child_nodes(node: ast.AST) -> list[ast.AST]:
     """``list(ast.iter_child_nodes(node))`` without the context and operator nodes."""
     kind = type(node)

@@ -59,6 +59,12 @@ FUNCTIONAL_LOSSES = frozenset({
 _MOVES = frozenset({"cuda", "to", "cpu"})
 
 
+def _may_be_loss(short: str) -> bool:
+    """Can a callee whose qualified name ends in ``short`` be a loss :func:`loss_reduction`
+    knows?"""
+    return short.endswith("Loss") or short in FUNCTIONAL_LOSSES
+
+
 def loss_reduction(qualname: str | None, keywords: dict[str, Any]) -> str | None:
     """How a loss reduces its per-sample values: ``"mean"``, ``"sum"`` or ``"none"``, for a
     criterion's constructor (``torch.nn.CrossEntropyLoss``) or a functional loss
@@ -72,8 +78,7 @@ def loss_reduction(qualname: str | None, keywords: dict[str, Any]) -> str | None
     """
     if not qualname or not qualname.startswith("torch.nn."):
         return None
-    short = qualname.rsplit(".", 1)[-1]
-    if not (short.endswith("Loss") or short in FUNCTIONAL_LOSSES):
+    if not _may_be_loss(qualname.rsplit(".", 1)[-1]):
         return None
     if "size_average" in keywords or "reduce" in keywords:
         return None
@@ -204,6 +209,8 @@ class FlowFinder:
                 callee = node.func
                 if isinstance(callee, ast.Name) and callee.id in self.flow.criteria:
                     return self.flow.criteria[callee.id]
+                if type(callee) is ast.Attribute and not _may_be_loss(callee.attr):
+                    continue  # a method's last name is its qualified name's: no loss
                 reduction = loss_reduction(self.imports.ast_qualname(callee), _keywords(node))
                 if reduction is not None:
                     return reduction

@@ -27,7 +27,7 @@ import ast
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from distify.analysis.astwalk import child_nodes
+from distify.analysis.astwalk import child_nodes, plan_of, walk
 from distify.analysis.names import ImportMap, ast_dotted_name
 from distify.rules import RuleSet
 
@@ -165,20 +165,43 @@ class Collector:
         stack: list[ast.AST | _Back] = [tree]
         scope = self.scopes[()]
         handlers = self._handlers
+        plans: dict[type, tuple[tuple[str, bool], ...]] = {}
         while stack:
             node = stack.pop()
-            if type(node) is _Back:
+            kind = type(node)
+            if kind is _Back:
                 scope = node.scope
                 continue
             if each is not None:
                 each(node)
-            handler = handlers.get(type(node))
+            handler = handlers.get(kind)
             if handler is not None:
                 inner = handler(node, scope)
                 if inner is not None and inner is not scope:
                     stack.append(_Back(scope))
                     scope = inner
-            children = child_nodes(node)
+            plan = plans.get(kind)
+            if plan is None:
+                plan = plan_of(kind)
+                if plan is None:
+                    children = child_nodes(node)
+                    children.reverse()
+                    stack.extend(children)
+                    continue
+                plans[kind] = plan
+            if not plan:  # a leaf (a name, a constant)
+                continue
+            children = []  # child_nodes, inline (a call per node is much of the walk)
+            for name, many in plan:
+                value = getattr(node, name, None)
+                if value is None:
+                    continue
+                if many:
+                    for item in value:
+                        if item is not None:
+                            children.append(item)
+                else:
+                    children.append(value)
             children.reverse()
             stack.extend(children)
 
@@ -390,8 +413,8 @@ class Flow:
         todo = [expr]
         while todo:
             node = todo.pop()
-            for sub in ast.walk(node):
-                if isinstance(sub, ast.Call):
+            for sub in walk(node):  # ast.walk's order; its context and operator nodes
+                if isinstance(sub, ast.Call):  # are neither names nor calls
                     calls.append(sub)
                 name = dotted(sub) if isinstance(sub, (ast.Name, ast.Attribute)) else None
                 if name is None or name in names:
