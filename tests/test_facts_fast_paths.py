@@ -203,3 +203,31 @@ def test_the_markers_and_the_flow_read_only_the_node_types_they_name() -> None:
         assert _state(flow_others) == flow_untouched, name
         distributed += every.result() is not None
     assert distributed >= 5  # markers were found, and found alike
+
+
+def test_the_losses_are_those_of_every_binding_read() -> None:
+    """The evaluation flow stops reading the values bound to a name once no binding can make
+    it a batch's loss (one reduces by no known loss, or two differ); the losses found are
+    those of reading every binding."""
+    rules = default_rules()
+    found = 0
+    for name, text in _sources():
+        tree = _tree(text)
+        if tree is None:
+            continue
+        finder = FlowFinder(ImportMap.from_ast(tree), rules)
+        for node in ast.walk(tree):
+            finder.see(node)
+        flow = finder.result(tree)
+        every: dict[str, set[str]] = {}
+        for node in finder.assigns:
+            if any(isinstance(t, ast.Name) and t.id in flow.criteria for t in node.targets):
+                continue
+            reduction = finder.reduction_of(node.value)
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    every.setdefault(target.id, set()).add(reduction or "?")
+        assert flow.batch_losses == {n for n, seen in every.items() if seen == {"mean"}}, name
+        assert flow.sum_losses == {n for n, seen in every.items() if seen == {"sum"}}, name
+        found += len(flow.batch_losses) + len(flow.sum_losses)
+    assert found >= 20  # losses were found, and found alike

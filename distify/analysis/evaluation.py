@@ -162,13 +162,16 @@ class FlowFinder:
         flow = self.flow
         for node in self.assigns:  # criteria and loaders first: the losses are built from them
             self._bind(node)
+        losses = self.losses
         for node in self.assigns:
-            if any(isinstance(t, ast.Name) and t.id in flow.criteria for t in node.targets):
-                continue  # the criterion itself
+            names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+            if not names or any(name in flow.criteria for name in names):
+                continue  # no name to tell of, or the criterion itself
+            if all(_settled(losses.get(name)) for name in names):
+                continue  # whatever this value reduces by, none of them is a batch's loss
             reduction = self.reduction_of(node.value)
-            for target in node.targets:
-                if isinstance(target, ast.Name):
-                    self.losses.setdefault(target.id, set()).add(reduction or "?")
+            for name in names:
+                losses.setdefault(name, set()).add(reduction or "?")
         for loop in self.loops:
             if self._loaderish(loop.iter):
                 flow.per_batch.update(_per_batch_callees(loop))
@@ -278,6 +281,12 @@ _SIMPLE = frozenset(kind for kind in vars(ast).values()
                     if isinstance(kind, type) and issubclass(kind, ast.stmt)
                     and not {"body", "orelse", "finalbody", "handlers", "cases"} & set(
                         kind._fields))
+
+
+def _settled(reductions: set[str] | None) -> bool:
+    """Is a name bound to these reductions (``"?"``: none known) neither a mean-reducing nor
+    a summing loss, whatever its other bindings reduce by?"""
+    return reductions is not None and ("?" in reductions or len(reductions) > 1)
 
 
 def _per_batch_callees(loop: ast.For | ast.AsyncFor) -> set[str]:
