@@ -117,11 +117,19 @@ def _statements(tree: ast.AST) -> list[ast.AST]:
     while stack:
         node = stack.pop()
         found.append(node)
-        for name in _BODIES:
+        kind = type(node)
+        bodies = _BODIES_OF.get(kind)
+        if bodies is None:
+            bodies = _BODIES_OF[kind] = tuple(name for name in _BODIES if name in kind._fields)
+        for name in bodies:  # most statements have none: nothing to look up
             children = getattr(node, name, None)
             if isinstance(children, list):
                 stack.extend(reversed(children))
     return found
+
+
+#: node type → the fields of :data:`_BODIES` it has
+_BODIES_OF: dict[type, tuple[str, ...]] = {}
 
 
 #: LibCST's Attribute and Name, bound on first use (``check`` of a plain file never imports LibCST)
