@@ -64,7 +64,23 @@ class ImportMap:
 
     def ast_qualname(self, node: ast.AST) -> str | None:
         """The qualified name of an ``ast`` Name/Attribute chain, else None."""
-        return self.resolve(ast_dotted_name(node))
+        # resolve(ast_dotted_name(node)) in one pass: the root is a name without dots, so its
+        # import target simply takes its place (asked for every call and attribute of a file)
+        kind = type(node)
+        if kind is ast.Name:
+            target = self.aliases.get(node.id)
+            return node.id if target is None else target
+        parts: list[str] = []
+        while kind is ast.Attribute:
+            parts.append(node.attr)
+            node = node.value
+            kind = type(node)
+        if kind is not ast.Name:
+            return None
+        target = self.aliases.get(node.id)
+        parts.append(node.id if target is None else target)
+        parts.reverse()
+        return ".".join(parts)
 
     # Callee naming, the same for both trees (``convert`` walks LibCST, ``check`` walks ``ast``):
     # a chain through a call keeps the call as ``()`` and anything else as ``<expr>``, so the
