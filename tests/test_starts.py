@@ -73,3 +73,22 @@ def test_no_answer_where_lines_end_with_a_lone_carriage_return() -> None:
     starts = StatementStarts(ast.parse(source), source, module)
     assert all(starts.first_line(line) is None for line in _lines(module))
     assert starts.first_line(cst.SimpleStatementLine([cst.Pass()])) is None
+
+
+def test_a_conversion_measures_its_lines_from_the_source(monkeypatch) -> None:
+    from distify.convert.engine import convert_source
+
+    asked: list[int | None] = []
+    first_line = StatementStarts.first_line
+
+    def counted(self, statement):
+        asked.append(first_line(self, statement))
+        return asked[-1]
+
+    monkeypatch.setattr(StatementStarts, "first_line", counted)
+    source = (b"import torch\nmodel = torch.nn.Linear(2, 2)\n"
+              b"opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+              b"for x in range(3):\n    loss = model(torch.ones(2)).sum()\n"
+              b"    loss.backward()\n    print('loss', loss.item())\n")
+    assert convert_source(source).status == "converted"
+    assert asked and all(length is not None for length in asked)

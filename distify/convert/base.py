@@ -275,7 +275,7 @@ class TransformerBase(cst.CSTTransformer):
     def _base_on_module(self, node: cst.Module) -> None:
         self.ctx = ConvertContext(indent_unit=node.default_indent, top_level={
             id(stmt): (index, isinstance(stmt, (cst.FunctionDef, cst.ClassDef)))
-            for index, stmt in enumerate(node.body)})
+            for index, stmt in enumerate(node.body)}, starts=self.ctx.starts)
 
     @property
     def _scope(self) -> _Scope:
