@@ -94,20 +94,18 @@ class ImportMap:
 
     def cst_loose_qualname(self, node: cst.BaseExpression) -> str | None:
         """:meth:`loose_qualname` for a LibCST expression (the same spelling)."""
-        import libcst as cst
-
-        return self._loose(node, (cst.Attribute, lambda n: n.attr.value, cst.Name,
-                                  lambda n: n.value, cst.Call))
+        return self._loose(node, _CST_SHAPE or _cst_shape())
 
     def _loose(self, node: Any, shape: tuple) -> str | None:
+        # the node classes of both trees are final: a type test is an isinstance test
         attribute, attr_of, name, id_of, call = shape
         parts: list[str] = []
-        while isinstance(node, attribute):
+        while type(node) is attribute:
             parts.append(attr_of(node))
             node = node.value
-        if isinstance(node, name):
+        if type(node) is name:
             root = self.resolve(id_of(node))
-        elif isinstance(node, call):
+        elif type(node) is call:
             inner = self._loose(node.func, shape)
             root = f"{inner}()" if inner else "<expr>"
         elif parts:
@@ -119,6 +117,16 @@ class ImportMap:
 
 #: how :meth:`ImportMap._loose` reads an ``ast`` tree: Attribute, its name, Name, its id, Call
 _AST_SHAPE = (ast.Attribute, lambda n: n.attr, ast.Name, lambda n: n.id, ast.Call)
+#: ... and a LibCST tree (made on first use: ``check`` of a plain file never imports LibCST)
+_CST_SHAPE: tuple | None = None
+
+
+def _cst_shape() -> tuple:
+    global _CST_SHAPE
+    import libcst as cst
+
+    _CST_SHAPE = (cst.Attribute, lambda n: n.attr.value, cst.Name, lambda n: n.value, cst.Call)
+    return _CST_SHAPE
 
 
 #: the fields of a statement that hold statements (imports are statements: no expression can hold
