@@ -184,22 +184,23 @@ def _deep_recursion(path: str) -> Iterator[None]:
         sys.setrecursionlimit(limit)
 
 
-#: allocations between two young-generation collections during a rewrite (Python's default: 700)
-_GC_THRESHOLD = 100_000
-
-
 @contextlib.contextmanager
 def _fewer_collections() -> Iterator[None]:
     """LibCST's parse and the rewrite allocate a node for most nodes of the file, and the
     garbage collector, triggered every 700 allocations, scans the growing young generation
-    again and again: about a fifth of a large file's conversion
-    (``benchmarks/results/convert.md``). Collect less often while a conversion runs."""
-    threshold = gc.get_threshold()
-    gc.set_threshold(max(threshold[0], _GC_THRESHOLD), *threshold[1:])
+    again and again: about a fifth of a large file's conversion once, still 3% with a threshold
+    of 100,000 (``benchmarks/results/convert.md``). Syntax trees hold no cycles: what a
+    conversion drops is freed as it is dropped, and the little that only the collector frees
+    (the visitor classes some analyses make per call: a megabyte or two on a 5,000-line file)
+    is collected after it, as usual. So none runs while it converts. (Nested in a caller that
+    turned the collector off, it leaves it off.)"""
+    enabled = gc.isenabled()
+    gc.disable()
     try:
         yield
     finally:
-        gc.set_threshold(*threshold)
+        if enabled:
+            gc.enable()
 
 
 def _parse_cst(source: bytes, path: str) -> cst.Module:
