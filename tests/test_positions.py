@@ -86,3 +86,10 @@ def test_every_node_of_a_converted_fixture_is_on_the_providers_line(path: Path) 
     except cst.ParserSyntaxError:
         pytest.skip("LibCST cannot parse it")
     _check(module)
+
+
+def test_a_parenthesized_string_over_lines_counts_its_parentheses() -> None:
+    module = cst.parse_module('x = (\n    "abc"\n)\ny = 1\nz = (\n    """a\nb"""  # c\n)\nw = 2\n')
+    _check(module)
+    code, lines = lines_of(module, module.body)
+    assert [lines[id(s)] for s in module.body] == [1, 4, 5, 9]

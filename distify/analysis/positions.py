@@ -55,7 +55,14 @@ def lines_of(module: cst.Module, nodes: Iterable[cst.CSTNode]) -> tuple[str, dic
         if id(node) in wanted and id(node) not in lines:
             lines[id(node)] = line
         if kind in _TEXT:
-            line += node.value.count("\n")
+            if kind is cst.SimpleString and (node.lpar or node.rpar):  # `(\n "text"\n)`
+                for paren in node.lpar:
+                    visit(paren)
+                line += node.value.count("\n")
+                for paren in node.rpar:
+                    visit(paren)
+            else:
+                line += node.value.count("\n")
         elif kind in _ATOMS and not node.lpar and not node.rpar:
             pass
         elif kind is newline:
