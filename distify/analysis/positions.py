@@ -15,7 +15,7 @@ from collections.abc import Iterable
 
 import libcst as cst
 
-from distify.analysis.walk import child_fields, is_node_type
+from distify.analysis.walk import _ORDER, PUNCTUATION, child_fields, is_node_type
 
 #: the nodes whose one token is their ``value``: the only text, with :class:`libcst.Newline`,
 #: that can hold a line break (a backslash continuation, a triple-quoted string)
@@ -42,9 +42,132 @@ def lines_of(module: cst.Module, nodes: Iterable[cst.CSTNode]) -> tuple[str, dic
         the generated code and a map from ``id(node)`` to its line (a node that is not in
         ``module`` has none; a node that is there twice, its first line).
     """
+    nodes = list(nodes)
     wanted = {id(node) for node in nodes}
-    default = module.default_newline.count("\n")
     lines: dict[int, int] = {}
+    if any(_how(type(node)) != _VISIT for node in nodes):
+        _every_node(module, wanted, lines)
+    else:
+        _statements_and_expressions(module, wanted, lines)
+    return module.code, lines
+
+
+#: how :func:`_statements_and_expressions` treats a child of a node it visits, by the child's
+#: type: not a node (None, a sentinel); a node that may be wanted, visited; a name or number
+#: (newlines only in its parentheses); one token of text; punctuation between two whitespaces
+#: (a comma, an operator); the end of a line (``EmptyLine``, ``TrailingWhitespace``); any other
+#: whitespace, punctuation or string (its newlines counted, in :func:`_newlines`)
+_NO_NODE, _VISIT, _ATOM, _ONE_TOKEN, _BETWEEN, _LINE_END, _OTHER = range(7)
+_HOW: dict[type, int] = {}
+
+
+def _how(kind: type) -> int:
+    found = _HOW.get(kind)
+    if found is not None:
+        return found
+    if not is_node_type(kind):
+        found = _NO_NODE
+    elif kind in _ATOMS or kind is cst.Ellipsis:
+        found = _ATOM
+    elif kind in _TEXT and kind is not cst.SimpleString:
+        found = _ONE_TOKEN
+    elif kind in (cst.EmptyLine, cst.TrailingWhitespace):
+        found = _LINE_END
+    elif issubclass(kind, PUNCTUATION) and set(kind.__dataclass_fields__) - {"__slots__"} == {
+            "whitespace_before", "whitespace_after"}:
+        found = _BETWEEN
+    elif issubclass(kind, PUNCTUATION) or kind is cst.SimpleString:
+        found = _OTHER
+    else:
+        found = _VISIT
+    _HOW[kind] = found
+    return found
+
+
+def _statements_and_expressions(module: cst.Module, wanted: set[int],
+                                lines: dict[int, int]) -> None:
+    """:func:`_every_node` for wanted nodes that are neither whitespace, punctuation, names,
+    numbers nor strings (what a rewrite anchors its report lines to): those hold no such node,
+    so the walk visits only the others (a fifth of a module's nodes) and counts the newlines
+    of the rest where it meets them, mostly without a call."""
+    default = module.default_newline.count("\n")
+    line = 1
+    how_of, block, simple = _HOW, cst.IndentedBlock, cst.SimpleWhitespace
+    orders = _ORDER
+
+    def visit(node: cst.CSTNode) -> None:
+        nonlocal line
+        key = id(node)
+        if key in wanted and key not in lines:
+            lines[key] = line
+        if type(node) is block and not node.body:  # LibCST writes `pass` and a newline
+            line += _newlines(node.header, default) + default
+            for empty in node.footer:
+                line += _newlines(empty, default)
+            return
+        known = orders.get(type(node))  # child_fields(node), without a call where it can
+        for name in known[0] if known is not None and not known[1] else child_fields(node):
+            value = getattr(node, name)
+            kind = type(value)
+            for child in value if kind is tuple or kind is list else (value,):
+                kind = type(child)
+                how = how_of.get(kind)
+                if how is None:
+                    how = _how(kind)
+                if how == _ONE_TOKEN:
+                    line += child.value.count("\n")
+                elif how == _VISIT:
+                    visit(child)
+                elif how == _ATOM:
+                    if child.lpar or child.rpar:
+                        line += _newlines(child, default)
+                elif how == _BETWEEN:
+                    space = child.whitespace_before
+                    line += space.value.count("\n") if type(space) is simple else \
+                        _newlines(space, default)
+                    space = child.whitespace_after
+                    line += space.value.count("\n") if type(space) is simple else \
+                        _newlines(space, default)
+                elif how == _LINE_END:
+                    newline = child.newline
+                    line += (default if newline.value is None else newline.value.count("\n")) \
+                        + child.whitespace.value.count("\n")
+                    if child.comment is not None:
+                        line += child.comment.value.count("\n")
+                elif how == _OTHER:
+                    line += _newlines(child, default)
+
+    visit(module)
+
+
+def _newlines(node: cst.CSTNode, default: int) -> int:
+    """The newlines in the code of ``node``, whitespace, punctuation or a leaf (``default``:
+    those of the module's newline, which a ``Newline`` without a value stands for)."""
+    kind = type(node)
+    if kind in _TEXT:
+        count = node.value.count("\n")
+        if kind is cst.SimpleString:
+            for paren in (*node.lpar, *node.rpar):
+                count += _newlines(paren, default)
+        return count
+    if kind is cst.Newline:
+        return default if node.value is None else node.value.count("\n")
+    count = 0
+    for name in child_fields(node):
+        value = getattr(node, name)
+        if type(value) in (tuple, list):
+            for child in value:
+                count += _newlines(child, default)
+        elif is_node_type(type(value)):
+            count += _newlines(value, default)
+    return count
+
+
+def _every_node(module: cst.Module, wanted: set[int], lines: dict[int, int]) -> None:
+    """The lines of the wanted nodes, from a walk in code order that visits every node and
+    counts the newlines its tokens hold, which only whitespace, comments, strings and the
+    newline nodes can."""
+    default = module.default_newline.count("\n")
     line = 1
     sequence = (tuple, list)
     newline, block = cst.Newline, cst.IndentedBlock
@@ -85,4 +208,3 @@ def lines_of(module: cst.Module, nodes: Iterable[cst.CSTNode]) -> tuple[str, dic
                         visit(child)
 
     visit(module)
-    return module.code, lines
