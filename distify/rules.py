@@ -13,13 +13,13 @@ The packs shipped in ``rules/`` are always loaded; users add their own with ``--
 from __future__ import annotations
 
 import functools
+import json
 import re
-from collections.abc import Iterable, Mapping
+import zlib
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from distify.errors import UserError
 
@@ -88,7 +88,7 @@ class RuleSet:
     entries: Mapping[str, tuple[Entry, ...]]
     #: (category, qualname) → entry: the same names are looked up thousands of times a file
     _memo: dict = field(default_factory=dict, compare=False, repr=False)
-    #: category → one regex for all its patterns (see :meth:`_first`)
+    #: category → its patterns indexed for :meth:`_first`
     _alternatives: dict = field(default_factory=dict, compare=False, repr=False)
 
     def match(self, category: str, qualname: str | None) -> Entry | None:
@@ -104,23 +104,66 @@ class RuleSet:
         return found
 
     def _first(self, category: str, qualname: str) -> Entry | None:
-        """The first entry whose pattern matches, by one ``fullmatch`` of the alternation of
-        the category's patterns, each its own group: the regex engine tries them in order
-        and the first that matches the whole name wins, as a scan of the entries would (a
-        name missed by every pattern, the usual case, was one ``fullmatch`` per entry)."""
+        """The first entry whose pattern matches. A plain name is looked up in a dict; only
+        the wildcard patterns before it are tried, each by a string test (``**.save`` ends
+        with ``.save``) or, for a rarer shape, its own regex. One regex for the whole category
+        took longer to compile than a small conversion spends matching."""
         entries = self.entries.get(category, ())
         if not entries:
             return None
-        alternatives = self._alternatives.get(category)
-        if alternatives is None:
-            alternatives = self._alternatives[category] = re.compile("|".join(
-                f"(?P<_{index}>{_compile(entry.pattern).pattern})"
-                for index, entry in enumerate(entries)))
-        found = alternatives.fullmatch(qualname)
-        return entries[int(found.lastgroup[1:])] if found is not None else None
+        index = self._alternatives.get(category)
+        if index is None:
+            index = self._alternatives[category] = _Index(entries)
+        exact = index.exact.get(qualname)
+        for position, test in index.wildcards:
+            if exact is not None and position > exact:
+                break
+            if test(qualname):
+                return entries[position]
+        return entries[exact] if exact is not None else None
 
     def names(self, category: str) -> tuple[str, ...]:
         return tuple(entry.pattern for entry in self.entries.get(category, ()))
+
+
+class _Index:
+    """A category's patterns: the plain names (each to the position of its first entry), and
+    the wildcard patterns in order with a test each."""
+
+    def __init__(self, entries: tuple[Entry, ...]) -> None:
+        self.exact: dict[str, int] = {}
+        self.wildcards: list[tuple[int, Callable[[str], bool]]] = []
+        for position, entry in enumerate(entries):
+            pattern = entry.pattern
+            if "*" not in pattern:
+                self.exact.setdefault(pattern, position)
+            else:
+                self.wildcards.append((position, _test(pattern)))
+
+
+def _test(pattern: str) -> Callable[[str], bool]:
+    """What ``_compile(pattern).fullmatch`` says of a name (a name holds no newline), by a
+    string test for the common shapes: ``**.x``, ``x.**`` and ``x.*``."""
+    if pattern.startswith("**.") and "*" not in pattern[2:]:
+        return functools.partial(_ends_with, pattern[2:])
+    if pattern.endswith(".**") and "*" not in pattern[:-2]:
+        return functools.partial(_starts_with, pattern[:-2])
+    if pattern.endswith(".*") and "*" not in pattern[:-1]:
+        return functools.partial(_one_more, pattern[:-1])
+    return lambda name: _compile(pattern).fullmatch(name) is not None
+
+
+def _ends_with(suffix: str, name: str) -> bool:
+    return name.endswith(suffix)
+
+
+def _starts_with(prefix: str, name: str) -> bool:
+    return name.startswith(prefix)
+
+
+def _one_more(prefix: str, name: str) -> bool:
+    """``prefix`` and one more segment (``*`` matches no dot; possibly an empty one)."""
+    return name.startswith(prefix) and "." not in name[len(prefix):]
 
 
 @functools.cache
@@ -146,8 +189,8 @@ def load_rules(extra: Iterable[str | Path] = ()) -> RuleSet:
         UserError: a pack is missing, is not valid YAML, or does not follow the schema.
     """
     merged: dict[str, list[Entry]] = {name: [] for name in CATEGORIES}
-    for name, text in _bundled_packs():
-        _merge(merged, _parse(text, name))
+    for name, data in _bundled_data():
+        _merge(merged, _pack(data, name))
     for path in extra:
         try:
             text = Path(path).read_text(encoding="utf-8")
@@ -163,15 +206,63 @@ def default_rules() -> RuleSet:
     return load_rules()
 
 
-def _bundled_packs() -> list[tuple[str, str]]:
+def _bundled_folder():
     folder = Path(__file__).with_name(_BUNDLED.rpartition(".")[2])
     if not folder.is_dir():  # a zipped install: through importlib.resources, whose import
         from importlib import resources  # (~4 ms, with zipfile) a plain install skips
 
         folder = resources.files(_BUNDLED)
+    return folder
+
+
+def _bundled_packs(folder=None) -> list[tuple[str, str]]:
+    """The bundled packs' names and YAML texts, in order."""
+    folder = folder or _bundled_folder()
     packs = [item for item in folder.iterdir() if item.name.endswith(".yaml")]
     return [(f"rules/{item.name}", item.read_text(encoding="utf-8"))
             for item in sorted(packs, key=lambda item: item.name)]
+
+
+#: the bundled packs' data as JSON (:func:`bundled_json`), beside them: parsing their YAML
+#: (with the import of PyYAML) was about a tenth of a small conversion's whole process
+_JSON_COPY = "_packs.json"
+
+
+def _bundled_data() -> list[tuple[str, Any]]:
+    """The bundled packs' names and data: from their JSON copy when it was made from these
+    very texts (it holds their fingerprint), else from their YAML."""
+    folder = _bundled_folder()
+    packs = _bundled_packs(folder)
+    try:
+        copy = json.loads((folder / _JSON_COPY).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        copy = None
+    if isinstance(copy, dict) and copy.get("fingerprint") == _fingerprint(packs):
+        return [(name, data) for name, data in copy["packs"]]
+    return [(name, _load_yaml(text, name)) for name, text in packs]
+
+
+def _fingerprint(packs: list[tuple[str, str]]) -> str:
+    text = "\0".join(f"{name}\0{body}" for name, body in packs).encode("utf-8")
+    return f"{zlib.crc32(text):08x}-{len(text)}"
+
+
+def bundled_json() -> str:
+    """The JSON copy of the bundled packs (``rules/_packs.json``), made from their YAML. Write
+    it again after editing a pack (until then the YAML is read, as before)::
+
+        python -c "import distify.rules as r; r.write_bundled_json()"
+    """
+    packs = _bundled_packs()
+    data = [[name, _load_yaml(text, name)] for name, text in packs]
+    if json.loads(json.dumps(data)) != data:  # a date, a set, a key that is not a string
+        raise ValueError("a bundled pack holds a value JSON does not keep")
+    return json.dumps({"fingerprint": _fingerprint(packs), "packs": data}, indent=1) + "\n"
+
+
+def write_bundled_json() -> None:
+    (Path(__file__).with_name(_BUNDLED.rpartition(".")[2]) / _JSON_COPY).write_text(
+        bundled_json(), encoding="utf-8")
 
 
 def _merge(into: dict[str, list[Entry]], pack: dict[str, list[Entry]]) -> None:
@@ -180,14 +271,24 @@ def _merge(into: dict[str, list[Entry]], pack: dict[str, list[Entry]]) -> None:
 
 
 def _parse(text: str, source: str) -> dict[str, list[Entry]]:
+    return _pack(_load_yaml(text, source), source)
+
+
+def _load_yaml(text: str, source: str) -> Any:
+    import yaml  # a user's pack, or a bundled one edited since its JSON copy was made
+
     try:
-        data = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         line, col = (mark.line + 1, mark.column + 1) if mark else (None, None)
         problem = getattr(err, "problem", None) or "invalid YAML"
         raise UserError(f"rule pack is not valid YAML: {problem}", path=source, line=line,
                         col=col) from None
+
+
+def _pack(data: Any, source: str) -> dict[str, list[Entry]]:
+    """The entries of a pack's data, by category (the schema checked)."""
     if data is None:
         return {}
     if not isinstance(data, dict):

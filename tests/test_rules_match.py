@@ -1,5 +1,6 @@
-"""``RuleSet.match`` finds, with one regex per category, the entry a scan of the category's
-patterns in order finds: the first whose pattern matches the whole name."""
+"""``RuleSet.match`` finds, by a dict of plain names and a string test per wildcard pattern, the
+entry a scan of the category's patterns in order finds: the first whose pattern matches the
+whole name. The bundled packs are read from their JSON copy while it is fresh."""
 
 from __future__ import annotations
 
@@ -58,3 +59,37 @@ def test_bundled_packs_read_the_same_without_their_folder(monkeypatch, tmp_path)
     assert "rules/torch.yaml" in [name for name, _ in from_folder]
     monkeypatch.setattr(rules_module, "__file__", str(tmp_path / "rules.py"))
     assert rules_module._bundled_packs() == from_folder
+
+
+def test_the_bundled_packs_json_copy_is_made_from_their_yaml_as_they_are_now() -> None:
+    """``rules/_packs.json`` spares every process PyYAML (its import and parse): it must be a
+    copy of the packs as committed. After editing a pack, write it again with
+    ``python -c "import distify.rules as r; r.write_bundled_json()"``."""
+    import yaml
+
+    import distify.rules as rules_module
+
+    folder = rules_module._bundled_folder()
+    assert (folder / rules_module._JSON_COPY).read_text(encoding="utf-8") == \
+        rules_module.bundled_json(), "rules/_packs.json is stale: write it again (see above)"
+    assert rules_module._bundled_data() == [
+        (name, yaml.safe_load(text)) for name, text in rules_module._bundled_packs()]
+
+
+def test_a_pack_edited_after_its_json_copy_is_read_from_its_yaml(monkeypatch, tmp_path):
+    import shutil
+
+    import distify.rules as rules_module
+
+    folder = tmp_path / "bundled_rules"
+    shutil.copytree(rules_module._bundled_folder(), folder)
+    monkeypatch.setattr(rules_module, "__file__", str(tmp_path / "rules.py"))
+    assert load_rules().entries == default_rules().entries  # the copy, still fresh
+    torch = folder / "torch.yaml"
+    torch.write_text(torch.read_text().replace("  - torch.nn.Linear\n",
+                                               "  - torch.nn.Linear\n  - mylib.Net\n"))
+    edited = load_rules()
+    assert edited.match("models", "mylib.Net") is not None
+    assert default_rules().match("models", "mylib.Net") is None
+    (folder / rules_module._JSON_COPY).write_text("{not json")
+    assert load_rules().entries == edited.entries
