@@ -15,7 +15,7 @@ from collections.abc import Iterable
 
 import libcst as cst
 
-from distify.analysis.walk import _ORDER, PUNCTUATION, child_fields, is_node_type
+from distify.analysis.walk import _ORDER, PUNCTUATION, child_fields, is_a, is_node_type
 
 #: the nodes whose one token is their ``value``: the only text, with :class:`libcst.Newline`,
 #: that can hold a line break (a backslash continuation, a triple-quoted string)
@@ -73,10 +73,10 @@ def _how(kind: type) -> int:
         found = _ONE_TOKEN
     elif kind in (cst.EmptyLine, cst.TrailingWhitespace):
         found = _LINE_END
-    elif issubclass(kind, PUNCTUATION) and set(kind.__dataclass_fields__) - {"__slots__"} == {
+    elif is_a(kind, PUNCTUATION) and set(kind.__dataclass_fields__) - {"__slots__"} == {
             "whitespace_before", "whitespace_after"}:
         found = _BETWEEN
-    elif issubclass(kind, PUNCTUATION) or kind is cst.SimpleString:
+    elif is_a(kind, PUNCTUATION) or kind is cst.SimpleString:
         found = _OTHER
     else:
         found = _VISIT
