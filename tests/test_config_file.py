@@ -283,3 +283,38 @@ def test_yaml_is_read_safely(tmp_path):
     """))
     with pytest.raises(UserError, match="malformed YAML"):
         load_config(path)
+
+
+@pytest.mark.parametrize("settings", [
+    {}, {"mixed_precision": "fp16"}, {"mixed_precision": "bf16"}, {"num_processes": 4},
+    {"num_processes": 2, "use_cpu": True}, {"num_processes": 2, "max_restarts": 3},
+    {"num_machines": 2, "num_processes": 8, "machine_rank": 1, "main_process_ip": "10.0.0.1",
+     "main_process_port": 29500},
+    {"num_processes": 2, "gpu_ids": "0,1"}, {"num_processes": 2, "use_fsdp": True},
+], ids=repr)
+def test_a_config_is_written_as_pyyaml_writes_it(settings) -> None:
+    """``dump_config`` writes the configs ``convert`` makes without importing PyYAML: byte for
+    byte what ``yaml.safe_dump`` writes (anything else goes to PyYAML)."""
+    from distify.launch.config import _file_mapping
+
+    cfg = with_overrides(make_config(), **settings) if "use_fsdp" in settings else \
+        make_config(**settings)
+    mapping = _file_mapping(cfg)
+    expected = yaml.safe_dump(mapping, sort_keys=True, default_flow_style=False)
+    assert dump_config(cfg).endswith(expected)
+    assert yaml.safe_load(dump_config(cfg)) == mapping
+
+
+def test_words_yaml_reads_as_booleans_or_null_are_quoted_as_pyyaml_quotes_them() -> None:
+    from distify.launch.config import _plain_yaml
+
+    words = ["no", "No", "NO", "yes", "on", "Off", "TRUE", "false", "null", "Null", "NULL", "n",
+             "y", "Y", "nO", "yEs", "main", "all", "LOCAL_MACHINE", "_x", "x1", "static", "none",
+             "None", "inf", "nan", "Nan", "x" * 100]
+    mapping = {f"key_{index}": word for index, word in enumerate(words)}
+    mapping.update({"a": True, "b": False, "c": 0, "d": -3, "e": 12345678901234, "f": []})
+    assert _plain_yaml(mapping) == yaml.safe_dump(mapping, sort_keys=True,
+                                                  default_flow_style=False)
+    for other in ("0,1", "", "x" * 101, "a b", "1x", ["x"], {"a": 1}, None, 1.5, "10.0.0.1"):
+        assert _plain_yaml({"k": other}) is None
+    assert _plain_yaml({"on": 1}) is None

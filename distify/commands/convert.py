@@ -12,7 +12,6 @@ from pathlib import Path
 
 import click
 
-from distify.convert.notebook import NotebookResult, convert_notebook
 from distify.convert.project import (
     STANDALONE_RUNTIME,
     ConfigOutcome,
@@ -37,7 +36,6 @@ from distify.convert.report import (
 from distify.errors import UserError
 from distify.fsutil import resolved
 from distify.lint.config import load_config as load_project_config
-from distify.notebook import is_notebook, place
 from distify.rules import RuleSet, load_rules
 
 EXAMPLES = """\b
@@ -130,7 +128,7 @@ def convert(path: Path | None, output: Path | None, show_diff: bool, check_only:
     if show_diff:
         for item in converted:
             diff = item.result.cell_diff(str(_display(item))) \
-                if isinstance(item.result, NotebookResult) else \
+                if _notebook_result(item.result) else \
                 unified_diff(item.result, str(_display(item)))
             click.echo(colour_diff(diff), nl=False)
         # stdout stays a diff that `patch` and `git apply` read; the report goes to stderr
@@ -178,10 +176,27 @@ def _plan(path: Path, output: Path | None, rules: RuleSet, runtime_module: str, 
         return plan_project(path, out, rules, runtime_module, progress=_progress,
                             skip=skip), out
     target = _file_output(path, output) if to_output else path
-    if is_notebook(path):  # JSON, never parsed as Python; a notebook or a script comes out
+    if str(path).lower().endswith(".ipynb"):  # distify.notebook.is_notebook, unimported
+        # a notebook: JSON, never parsed as Python; a notebook or a script comes out
+        from distify.convert.notebook import convert_notebook
+
         return [Planned(path, target, convert_notebook(path, target, rules, runtime_module,
                                                        skip=skip))], None
     return [Planned(path, target, convert_file(path, rules, runtime_module, skip=skip))], None
+
+
+def _notebook_result(result: object) -> bool:
+    """Is ``result`` a notebook's (a ``NotebookResult``)? The notebook modules are imported
+    only when a notebook is converted (a script's conversion does without them), so until
+    then no result is one."""
+    module = sys.modules.get("distify.convert.notebook")
+    return module is not None and isinstance(result, module.NotebookResult)
+
+
+def _place(name: str, script: str, *, notebook: bool):
+    from distify.notebook import place
+
+    return place(name, script, notebook=notebook)
 
 
 def _display(item: Planned) -> Path:
@@ -229,7 +244,7 @@ def _refuse_to_clobber(item: Planned) -> None:
     except OSError:
         return  # not readable (a folder, a loop): the write reports it
     new = item.result.output
-    if isinstance(item.result, NotebookResult):  # compare the code, as scripts
+    if _notebook_result(item.result):  # compare the code, as scripts
         old, new = item.result.comparable(old), item.result.script_after.encode()
     if old in (new, item.result.source) or (_RUNTIME_IMPORT.search(old) and difflib.SequenceMatcher(
             None, old.splitlines(), new.splitlines()).ratio() >= _SAME_SCRIPT):
@@ -302,8 +317,8 @@ def _report(converted: list[Planned], as_json: bool, configs: Sequence[ConfigOut
             continue  # a distributed file is listed: the report says why it was left alone
         why = f"-o {item.target} writes a copy anyway" if item in unwritten else None
         result, name = item.result, str(_display(item))
-        where = place(name, result.script_after, notebook=result.to_notebook) \
-            if isinstance(result, NotebookResult) else None
+        where = _place(name, result.script_after, notebook=result.to_notebook) \
+            if _notebook_result(result) else None
         click.echo(text_report(result, name, launch_hint=hint if single else None,
                                verbose=verbose, not_written=why, place=where), err=err)
     if not single:

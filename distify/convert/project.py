@@ -24,8 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-import yaml
-
 from distify.analysis.project import (
     BackwardReach,
     imported_by_parallel,
@@ -532,6 +530,8 @@ def _launch_config(path: Path) -> tuple[LaunchConfig | None, str]:
 def _set_mixed_precision(path: Path, cfg: LaunchConfig, value: str) -> None:
     """Set ``mixed_precision`` in the file, keeping every other byte (comments, order, keys
     Accelerate writes); a layout the text edit cannot handle safely is written out anew."""
+    import yaml  # only to edit an existing config (~10 ms to import)
+
     text = path.read_bytes().decode("utf-8")
     edited = _edited_mixed_precision(text, value)
     before = yaml.safe_load(text)
@@ -548,6 +548,8 @@ def _set_mixed_precision(path: Path, cfg: LaunchConfig, value: str) -> None:
 
 
 def _edited_mixed_precision(text: str, value: str) -> str | None:
+    import yaml
+
     root = yaml.compose(text, Loader=yaml.SafeLoader)
     scalar = "'no'" if value == "no" else value  # a bare `no` is YAML's false
     if not isinstance(root, yaml.MappingNode):

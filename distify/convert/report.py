@@ -11,7 +11,6 @@ import click
 
 from distify.convert.engine import FileResult, Item
 from distify.convert.project import ConfigOutcome
-from distify.notebook import cell_of
 
 
 def _text(data: bytes) -> str:
@@ -260,6 +259,11 @@ def json_report(results: Iterable[tuple[FileResult, str | None]], *, launch_hint
 def _item(item, script: str | None = None) -> dict:
     """One change or note; for a notebook, ``line`` is a line of its code cells as one script
     (``-o nb.py``), and ``cell`` / ``cell_line`` place it in the notebook."""
-    found = cell_of(script, item.line) if script is not None else None
+    if script is not None:
+        from distify.notebook import cell_of  # a notebook's report only
+
+        found = cell_of(script, item.line)
+    else:
+        found = None
     where = {"cell": found[0], "cell_line": found[1]} if found else {}
     return {"line": item.line, **where, "kind": item.kind, "message": item.message}

@@ -29,8 +29,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from distify.errors import UserError
 from distify.fsutil import atomic_write_text
 from distify.launch import fsdp
@@ -232,6 +230,8 @@ def load_config(path: str | os.PathLike) -> LaunchConfig:
         raise UserError("config file is not UTF-8 text", path=name) from None
     except OSError as err:
         raise UserError(f"cannot read config file: {err.strerror}", path=name) from None
+    import yaml  # not imported to write a config (dump_config), ~10 ms of a conversion
+
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
@@ -260,7 +260,46 @@ def dump_config(cfg: LaunchConfig) -> str:
     else:
         header = ("# Launch config for `distify launch` and `accelerate launch --config_file` "
                   "(Accelerate's schema).\n# Edit it, or write a new one with `distify config`.\n")
-    return header + yaml.safe_dump(_file_mapping(cfg), sort_keys=True, default_flow_style=False)
+    mapping = _file_mapping(cfg)
+    plain = _plain_yaml(mapping)
+    if plain is not None:
+        return header + plain
+    import yaml
+
+    return header + yaml.safe_dump(mapping, sort_keys=True, default_flow_style=False)
+
+
+#: the words PyYAML (YAML 1.1) reads as a boolean or null: a string spelled so is quoted
+_YAML_WORDS = frozenset(spelling(word) for word in ("yes", "no", "true", "false", "on", "off",
+                                                    "null")
+                        for spelling in (str.lower, str.title, str.upper))
+#: a key or string PyYAML writes as it is (or quoted, when one of _YAML_WORDS)
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}")
+
+
+def _plain_yaml(mapping: Mapping[str, object]) -> str | None:
+    """``yaml.safe_dump(mapping, sort_keys=True, default_flow_style=False)``, written without
+    PyYAML (~10 ms to import, a twentieth of a small conversion's whole process) when every
+    key is a word and every value a bool, an int, an empty list or a word, as a config that
+    ``convert`` writes is; None for anything else (``tests/test_config_file.py`` compares the
+    two)."""
+    lines = []
+    for key in sorted(mapping):
+        value = mapping[key]
+        if type(key) is not str or not _WORD.fullmatch(key) or key in _YAML_WORDS:
+            return None
+        if type(value) is bool:
+            text = "true" if value else "false"
+        elif type(value) is int:
+            text = str(value)
+        elif type(value) is list and not value:
+            text = "[]"
+        elif type(value) is str and _WORD.fullmatch(value):
+            text = f"'{value}'" if value in _YAML_WORDS else value
+        else:
+            return None
+        lines.append(f"{key}: {text}\n")
+    return "".join(lines)
 
 
 def write_config(cfg: LaunchConfig, path: str | os.PathLike) -> None:
@@ -409,6 +448,8 @@ def _check_consistency(cfg: LaunchConfig) -> None:
 def _key_position(text: str, key: str) -> tuple[int | None, int | None]:
     """1-based line and column of ``key`` in ``text``: a top-level key, or ``outer.inner`` in a
     nested mapping (``fsdp_config.fsdp_version``); the outer key's when the inner is absent."""
+    import yaml
+
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError:

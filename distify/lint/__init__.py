@@ -11,9 +11,22 @@ findings as concise text, JSON, GitHub annotations or SARIF.
 
 from __future__ import annotations
 
-from distify.lint.model import FileResult, Finding, Fix
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from distify.lint.model import FileResult, Finding, Fix
 
 __all__ = ["FileResult", "Finding", "Fix", "lint_text"]
+
+
+def __getattr__(name: str):
+    """``FileResult``, ``Finding``, ``Fix``: imported on first use, so that reading the project's
+    settings (:mod:`.config`, which ``convert`` does too) does not load the findings' model."""
+    if name in ("FileResult", "Finding", "Fix"):
+        from distify.lint import model
+
+        return getattr(model, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def lint_text(text: str, path: str = "<string>", *, codes=None, check_all: bool = False,
@@ -29,6 +42,7 @@ def lint_text(text: str, path: str = "<string>", *, codes=None, check_all: bool 
     """
     from distify.lint.engine import LintOptions, lint_source
     from distify.lint.matcher import Matcher
+    from distify.lint.model import Finding
     from distify.lint.registry import all_codes
     from distify.rules import default_rules
 
