@@ -59,3 +59,27 @@ def test_an_existing_launch_config_is_still_read_with_yaml(tmp_path) -> None:
     imported = _convert(tmp_path, "train.py", "-o", "out.py", "--mixed-precision", "bf16")
     assert "mixed_precision: bf16" in (tmp_path / "out.yaml").read_text()
     assert imported["yaml"] == "True" and imported["torch"] == "False"
+
+
+def test_the_gpus_are_counted_once_for_the_config_and_the_launch_line(tmp_path) -> None:
+    """``nvidia-smi`` (a process of its own, which a conversion waits for) runs once, not once
+    for the launch config and again for the launch command."""
+    import os
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "smi.log"
+    tool = bin_dir / "nvidia-smi"
+    tool.write_text(f"#!/bin/sh\necho run >> {log}\necho 'GPU 0: H100 (UUID: GPU-0)'\n"
+                    "echo 'GPU 1: H100 (UUID: GPU-1)'\n")
+    tool.chmod(0o755)
+    (tmp_path / "train.py").write_text(SCRIPT)
+    env = {key: value for key, value in os.environ.items() if key != "CUDA_VISIBLE_DEVICES"}
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
+    proc = subprocess.run([sys.executable, "-m", "distify", "convert", "train.py", "-o",
+                           "out.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "num_processes: 2" in (tmp_path / "out.yaml").read_text()
+    assert "no GPU here" not in proc.stdout + proc.stderr
+    assert log.read_text().splitlines() == ["run"]

@@ -141,11 +141,14 @@ def convert(path: Path | None, output: Path | None, show_diff: bool, check_only:
                   make_dirs=path.is_dir())
     root = (out or path) if path.is_dir() else None
     entries = _entries(planned, path)
-    configs = _configure(converted, entries, root, mixed_precision, no_config=no_config)
+    # nvidia-smi runs once (a process of its own), for the configs and the launch line alike
+    gpus = _local_gpus() if any(p.result.status == "converted" for p in converted) else 0
+    configs = _configure(converted, entries, root, mixed_precision, no_config=no_config,
+                         gpus=gpus)
     if standalone and not unwritten:
         copy_runtime(root or planned[0].target.parent)
     _report(converted, as_json, configs, verbose=verbose, unwritten=unwritten,
-            launch=_launch_hints(converted, entries, configs))
+            launch=_launch_hints(converted, entries, configs, gpus))
 
 
 def _named(path: Path) -> Path:
@@ -279,18 +282,21 @@ def _entries(planned: list[Planned], path: Path) -> list[Planned]:
 
 
 def _configure(converted: list[Planned], entries: list[Planned], root: Path | None,
-               mixed_precision: str | None, *, no_config: bool) -> list[ConfigOutcome]:
+               mixed_precision: str | None, *, no_config: bool,
+               gpus: int) -> list[ConfigOutcome]:
     """The launch configs: one beside each script to launch (where ``distify launch`` looks
-    for it), or ``launch.yaml`` at the top of a project (``root``) whose entry is unclear."""
+    for it), or ``launch.yaml`` at the top of a project (``root``) whose entry is unclear;
+    a new one runs a process per GPU of the ``gpus`` here (one without)."""
     done = [p for p in converted if p.result.status == "converted"]
     if not done or no_config:
         return []
     if not entries:
         return [place_launch_config(root / "launch.yaml", mixed_precision=mixed_precision,
-                                    own_scaler=any(p.result.own_mixed_precision for p in done))]
+                                    own_scaler=any(p.result.own_mixed_precision for p in done),
+                                    gpus=gpus)]
     return [place_launch_config(entry.target.with_suffix(".yaml"),
                                 mixed_precision=mixed_precision,
-                                own_scaler=entry.result.own_mixed_precision)
+                                own_scaler=entry.result.own_mixed_precision, gpus=gpus)
             for entry in entries]
 
 
@@ -331,7 +337,7 @@ def _report(converted: list[Planned], as_json: bool, configs: Sequence[ConfigOut
 
 
 def _launch_hints(converted: list[Planned], entries: list[Planned],
-                  configs: list[ConfigOutcome]) -> list[tuple[str, bool]]:
+                  configs: list[ConfigOutcome], gpus: int) -> list[tuple[str, bool]]:
     """The commands that launch the result as converted (one per script to launch), each with
     whether every file is ready: the converted ones, and a module left as written with a note
     that a model or loader it builds is not prepared.
@@ -343,7 +349,6 @@ def _launch_hints(converted: list[Planned], entries: list[Planned],
     if not done:
         return []
     ready = all(p.result.ready for p in converted if p.result.status == "converted" or p.listed)
-    gpus = _local_gpus()
     hints = []
     for index, entry in enumerate(entries or [None]):
         config = configs[index] if index < len(configs) else None

@@ -472,7 +472,7 @@ _MAX_CANDIDATES = 100
 
 
 def place_launch_config(first: Path, *, mixed_precision: str | None,
-                        own_scaler: bool) -> ConfigOutcome:
+                        own_scaler: bool, gpus: int | None = None) -> ConfigOutcome:
     """Write, keep or update the launch config at ``first`` or, when a file there is not a
     launch config, at the next free name (``x.launch.yaml``, ``x.launch-2.yaml``, ...).
 
@@ -480,6 +480,7 @@ def place_launch_config(first: Path, *, mixed_precision: str | None,
         first: where ``distify launch`` looks for it (``<script>.yaml``).
         mixed_precision: ``--mixed-precision`` (None: not given, an existing config is kept).
         own_scaler: the script has its own GradScaler, so mixed precision must stay 'no'.
+        gpus: the GPUs here, when counted already (None: a new config counts them).
 
     Raises:
         UserError: the folder is not writable, or no free name was found.
@@ -490,7 +491,8 @@ def place_launch_config(first: Path, *, mixed_precision: str | None,
     passed_over = []
     for path in _config_names(first):
         if not path.exists() and not path.is_symlink():
-            write_config(default_config(mixed_precision=value or "no"), path)
+            write_config(default_config(mixed_precision=value or "no", num_processes=None
+                                        if gpus is None else max(gpus, 1)), path)
             return ConfigOutcome(path, "wrote", value or "no", asked, value != asked,
                                  tuple(passed_over))
         cfg, why = _launch_config(path)
