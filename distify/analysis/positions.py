@@ -20,7 +20,7 @@ from collections.abc import Iterable
 
 import libcst as cst
 
-from distify.analysis.walk import _ORDER, PUNCTUATION, child_fields, is_a, is_node_type
+from distify.analysis.walk import PUNCTUATION, child_fields, is_a, is_node_type
 
 #: the nodes whose one token is their ``value``: the only text, with :class:`libcst.Newline`,
 #: that can hold a line break (a backslash continuation, a triple-quoted string)
@@ -98,7 +98,6 @@ def _statements_and_expressions(module: cst.Module, wanted: set[int],
     default = module.default_newline.count("\n")
     line = 1
     how_of, block, simple = _HOW, cst.IndentedBlock, cst.SimpleWhitespace
-    orders = _ORDER
 
     def visit(node: cst.CSTNode) -> None:
         nonlocal line
@@ -110,8 +109,7 @@ def _statements_and_expressions(module: cst.Module, wanted: set[int],
             for empty in node.footer:
                 line += _newlines(empty, default)
             return
-        known = orders.get(type(node))  # child_fields(node), without a call where it can
-        for name in known[0] if known is not None and not known[1] else child_fields(node):
+        for name in child_fields(node):
             value = getattr(node, name)
             kind = type(value)
             for child in value if kind is tuple or kind is list else (value,):
