@@ -16,7 +16,7 @@ from distify.analysis.evaluation import is_eval_context
 from distify.analysis.facts import FileFacts
 from distify.analysis.loaders import is_loaderish, is_loop_wrapper, unwrapped
 from distify.analysis.names import dotted_name
-from distify.analysis.walk import PUNCTUATION, walk
+from distify.analysis.walk import PUNCTUATION, is_a, walk
 from distify.convert import traverse
 from distify.convert.context import ConvertContext, _Scope
 from distify.convert.driver import handles, install
@@ -122,7 +122,7 @@ class TransformerBase(cst.CSTTransformer):
         same as :meth:`on_visit` and :meth:`on_leave` do under LibCST's own ``visit``."""
         visit = _own_hook(cls, f"visit_{kind.__name__}")
         leave = _own_hook(cls, f"leave_{kind.__name__}")
-        if issubclass(kind, cst.BaseStatement):  # may be one of the module's own statements
+        if is_a(kind, (cst.BaseStatement,)):  # may be one of the module's own statements
             hook = visit
 
             def visit(self: TransformerBase, node: cst.CSTNode) -> bool | None:
@@ -132,7 +132,7 @@ class TransformerBase(cst.CSTTransformer):
                 return None if hook is None else hook(self, node)
 
         inert = traverse.inert_fields(kind, _PUNCTUATION + _LEAVES, cls._hooked_types())
-        if not issubclass(kind, _PUNCTUATION + _LEAVES):
+        if not is_a(kind, _PUNCTUATION + _LEAVES):
             what = traverse.FIELDS if kind in cls.FIELD_HOOKS else traverse.CHILDREN
         else:
             what = traverse.SKIP if visit is None and leave is None else traverse.HOOKS_ONLY

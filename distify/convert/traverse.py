@@ -28,7 +28,7 @@ from typing import Any
 
 import libcst as cst
 
-from distify.analysis.walk import child_fields, is_node_type, varies
+from distify.analysis.walk import child_fields, is_a, is_node_type, varies
 
 _REMOVE = cst.RemovalSentinel
 _FLATTEN = cst.FlattenSentinel
@@ -108,8 +108,7 @@ def _inert(annotation: Any, inert_types: tuple[type, ...], hooked: tuple[type, .
     if cst.CSTNode not in annotation.__mro__:
         return any(value in annotation.__mro__ for value in _VALUES)
     kinds = [annotation, *_subclasses(annotation)]
-    return all(any(base in k.__mro__ for base in inert_types)
-               for k in kinds if not k.__abstractmethods__) \
+    return all(is_a(k, inert_types) for k in kinds if not k.__abstractmethods__) \
         and not any(k in hooked for k in kinds)
 
 
