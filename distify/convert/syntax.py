@@ -81,12 +81,18 @@ _ATOMS = frozenset({cst.Name, cst.Integer, cst.Float, cst.Imaginary, cst.SimpleS
 
 def _hanging_opening(node: cst.CSTNode) -> cst.ParenthesizedWhitespace | None:
     """The line break right after the bracket ``node`` opens (hanging indent), if any."""
-    openings = [getattr(node, "whitespace_before_args", None)]
+    broken = cst.ParenthesizedWhitespace
+    whitespace = getattr(node, "whitespace_before_args", None)
+    if type(whitespace) is broken:
+        return whitespace
     for name in ("lbrace", "lbracket"):
-        bracket = getattr(node, name, None)
-        openings.append(getattr(bracket, "whitespace_after", None))
-    openings.extend(getattr(par, "whitespace_after", None) for par in getattr(node, "lpar", ()))
-    return next((ws for ws in openings if isinstance(ws, cst.ParenthesizedWhitespace)), None)
+        whitespace = getattr(getattr(node, name, None), "whitespace_after", None)
+        if type(whitespace) is broken:
+            return whitespace
+    for par in getattr(node, "lpar", ()):
+        if type(par.whitespace_after) is broken:
+            return par.whitespace_after
+    return None
 
 
 #: the nodes whose one token (``value``) may hold a line break: a backslash continuation, a
