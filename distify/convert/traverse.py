@@ -184,6 +184,8 @@ def _visit(node: cst.CSTNode, transformer: Any, steps: dict, plan: Plan) -> Any:
                 changes[name] = _single(node, name, value, result)
         if changes is not None:
             updated = node.with_changes(**changes)
+    if leave is None:  # (most nodes: no call for them)
+        return updated
     return _leave(node, updated, leave, transformer)
 
 
