@@ -150,6 +150,7 @@ def bench_in_process(inputs, rounds: int) -> dict[int, dict[str, list[float]]]:
 # --------------------------------------------------------------------------- stages
 def stage_times(path: Path, rounds: int) -> tuple[dict[str, float], float, list[str]]:
     """Median time (``--clock``) of each stage of ``convert_source``, timed by thin wrappers."""
+    import distify.analysis.facts as facts_module
     import distify.convert.engine as engine
 
     source = path.read_bytes()
@@ -174,7 +175,7 @@ def stage_times(path: Path, rounds: int) -> tuple[dict[str, float], float, list[
         setattr(owner, name, timed)
 
     wrap(engine, "parse_ast", "ast parse (`parse_ast`)")
-    wrap(engine, "gather_facts", "whole-file facts (`gather_facts`)")
+    wrap(facts_module, "convert_facts", "whole-file facts (`FileModel.facts`)")
     wrap(engine, "_parse_cst", "LibCST parse (`_parse_cst`)")
     wrap(engine, "_add_import", "add the import (`_add_import`)")
     wrap(engine, "_located", "report lines: codegen with line recording (`_located`)")

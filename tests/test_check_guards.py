@@ -6,8 +6,8 @@ import ast
 
 import pytest
 
-from distify.analysis.guards import ALL, MAIN, NOT_MAIN, SOME, GuardFacts
-from distify.lint.engine import _collect
+from distify.analysis.filemodel import FileModel
+from distify.analysis.guards import ALL, MAIN, NOT_MAIN, SOME
 from distify.lint.matcher import Matcher
 from distify.rules import default_rules
 
@@ -25,8 +25,7 @@ def is_primary():
 
 def _true_side(condition: str):
     tree = ast.parse(PRELUDE + f"\nif {condition}:\n    pass\n")
-    assigns, functions, imports = _collect(tree)
-    facts = GuardFacts.collect(assigns, functions, imports, Matcher(default_rules()))
+    facts = FileModel(tree, b"", default_rules(), Matcher(default_rules())).guards
     test = facts.test(tree.body[-1].test)
     return None if test is None else test.true
 

@@ -135,3 +135,16 @@ def iter_walk(node: ast.AST) -> Iterator[ast.AST]:
         node = pending.popleft()
         pending.extend(child_nodes(node))
         yield node
+
+
+def iter_preorder(node: ast.AST) -> Iterator[ast.AST]:
+    """Every node, depth first in source order (a node before its children, the children in
+    field order), without the context and operator nodes: the order of the training
+    analysis' walk (:class:`~distify.analysis.training.Collector`)."""
+    pending = [node]
+    while pending:
+        node = pending.pop()
+        yield node
+        children = child_nodes(node)
+        children.reverse()
+        pending.extend(children)

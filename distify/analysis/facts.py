@@ -11,7 +11,7 @@ import ast
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distify.analysis import parallelism
 from distify.analysis.astwalk import walk
@@ -25,6 +25,9 @@ from distify.analysis.parallelism import Parallelism
 from distify.analysis.training import Training, analyse, collect
 from distify.errors import UserError
 from distify.rules import RuleSet
+
+if TYPE_CHECKING:
+    from distify.analysis.filemodel import FileModel
 
 #: every draw :func:`may_draw_batches` looks for contains one of these
 _DRAW_WORDS = (b"rand", b"normal", b"multinomial", b"choice", b"shuffle", b"sample", b"gauss",
@@ -104,24 +107,34 @@ def _character_column(err: SyntaxError) -> int:
 
 
 def gather_facts(tree: ast.Module, source: bytes, rules: RuleSet) -> FileFacts:
-    """Collect :class:`FileFacts` in one walk of ``tree`` (shared with the training analysis
-    when the file may train)."""
-    facts = FileFacts(imports=ImportMap.from_ast(tree))
-    markers = (parallelism.Finder(facts.imports, rules)
-               if any(hint in source for hint in parallelism.HINTS) else None)
+    """The :class:`FileFacts` of ``tree``: the conversion's view of a new
+    :class:`~distify.analysis.filemodel.FileModel` (build the model yourself to read its other
+    parts too)."""
+    from distify.analysis.filemodel import FileModel
+
+    return FileModel(tree, source, rules).facts
+
+
+def convert_facts(model: FileModel) -> FileFacts:
+    """Collect :class:`FileFacts` in one walk of ``model.tree`` (shared with the training
+    analysis when the file may train, and with the parallelism search when no one asked for
+    it before); the statements and the import table are the model's."""
+    tree, source, rules = model.tree, model.source, model.rules
+    facts = FileFacts(imports=model.imports)
+    statements = model.statements
+    markers = (parallelism.Finder(facts.imports, model.matcher)
+               if not model.knows("parallel") and any(hint in source
+                                                      for hint in parallelism.HINTS) else None)
     seed_names = ({name.rsplit(".", 1)[-1] for name in rules.names("seeds")}
                   if b"seed" in source else set())
-    classes: list[ast.ClassDef] = []
-    trains = b"backward" in source or b"optim" in source or b".step(" in source
+    trains = model.may_train
     reshapes = b".view(" in source or b".reshape(" in source
     params: set[str] = set()  # every function's parameters
     dims: set[str] = set()  # names that are a dimension of a `.view(a, b)`/`.reshape(a, b)`
     flow = FlowFinder(facts.imports, rules) if trains else None  # evaluation across the file
 
     names, bound, read = facts.names, facts.bound, facts.read
-    functions: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]] = {}
     calls: list[ast.Call] = []
-    assigns: list[ast.Assign] = []
 
     def name(node: ast.Name) -> None:
         names.add(node.id)
@@ -130,15 +143,9 @@ def gather_facts(tree: ast.Module, source: bytes, rules: RuleSet) -> FileFacts:
         else:
             read.add(node.id)
 
-    def function(node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+    def defined(node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> None:
         names.add(node.name)
         bound.add(node.name)
-        functions.setdefault(node.name, []).append(node)
-
-    def class_(node: ast.ClassDef) -> None:
-        names.add(node.name)
-        bound.add(node.name)
-        classes.append(node)
 
     def arg(node: ast.arg) -> None:
         names.add(node.arg)
@@ -171,10 +178,10 @@ def gather_facts(tree: ast.Module, source: bytes, rules: RuleSet) -> FileFacts:
 
     # node type → what it tells (a dict lookup per node, not a chain of isinstance tests)
     handlers: dict[type, Callable[[Any], None]] = {
-        ast.Name: name, ast.FunctionDef: function, ast.AsyncFunctionDef: function,
-        ast.ClassDef: class_, ast.arg: arg, ast.ExceptHandler: named, ast.MatchAs: named,
+        ast.Name: name, ast.FunctionDef: defined, ast.AsyncFunctionDef: defined,
+        ast.ClassDef: defined, ast.arg: arg, ast.ExceptHandler: named, ast.MatchAs: named,
         ast.MatchStar: named, ast.MatchMapping: rest, ast.Global: declared,
-        ast.Nonlocal: declared, ast.Call: call, ast.Assign: assigns.append}
+        ast.Nonlocal: declared, ast.Call: call}
     handler_of = handlers.get
 
     def each(node: ast.AST) -> None:
@@ -187,14 +194,17 @@ def gather_facts(tree: ast.Module, source: bytes, rules: RuleSet) -> FileFacts:
         if flow is not None and kind in FlowFinder.SEEN:
             flow.see(node)
 
+    # the walk's order is the one :attr:`FileModel.parallel` searches in
     collected = collect(tree, facts.imports, rules, each) if trains else None
     if collected is None:
         for node in walk(tree):  # breadth first, as the markers' first line always was
             each(node)
-    facts.parallel = markers.result() if markers is not None else None
+    if markers is not None:
+        model.give("parallel", markers.result())
+    facts.parallel = model.parallel
     facts.names.update(facts.imports.aliases)
     facts.bound.update(facts.imports.aliases)
-    facts.model_classes = model_classes(classes, facts.imports, rules)
+    facts.model_classes = model_classes(statements.classes, facts.imports, rules)
     facts.longest_line = max((len(line) for line in
                               source.decode("utf-8", errors="replace").splitlines()), default=0)
     if collected is not None:
@@ -205,21 +215,25 @@ def gather_facts(tree: ast.Module, source: bytes, rules: RuleSet) -> FileFacts:
         facts.evaluation = flow.result(tree)
     facts.builds_loaders = any(name.rsplit(".", 1)[-1].encode() in source
                                for name in rules.names("dataloaders"))
-    _loader_targets(facts, assigns, rules)
+    _loader_targets(facts, statements.assignments, rules)
     if facts.builds_loaders:
+        functions: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]] = {}
+        for function in statements.functions:
+            functions.setdefault(function.name, []).append(function)
         facts.loader_params = _loader_params(functions, calls, facts.loader_targets,
                                              facts.imports, rules)
     return facts
 
 
-def _loader_targets(facts: FileFacts, assigns: list[ast.Assign], rules: RuleSet) -> None:
+def _loader_targets(facts: FileFacts, assigns: list[ast.Assign | ast.AnnAssign],
+                    rules: RuleSet) -> None:
     """:attr:`FileFacts.loader_targets` and :attr:`FileFacts.loader_iterators` from the file's
-    assignments (gathered by the walk of :func:`gather_facts`, in its order: put back in
-    source order here)."""
+    assignments (:attr:`~distify.analysis.filemodel.Statements.assignments`, in source
+    order; annotated ones are passed over)."""
     loaders, iterators = facts.loader_targets, facts.loader_iterators
-    for node in sorted(assigns, key=lambda a: (a.lineno, a.col_offset)):
+    for node in assigns:
         value = node.value
-        if not isinstance(value, ast.Call):
+        if type(node) is not ast.Assign or not isinstance(value, ast.Call):
             continue
         if rules.match("dataloaders", facts.imports.ast_qualname(value.func)):
             loaders.update(ast.unparse(t) for t in node.targets)
@@ -233,8 +247,8 @@ def _loader_params(functions: dict[str, list[ast.FunctionDef | ast.AsyncFunction
                    rules: RuleSet) -> dict[str, set[str]]:
     """See :attr:`FileFacts.loader_params`: calls by plain name (``evaluate(model, loader)``)
     and on ``self`` (``self.evaluate(loader)``), bound to the parameters of the file's
-    functions of that name (the file's functions by name and calls, from the walk of
-    :func:`gather_facts`; ``targets``: :attr:`FileFacts.loader_targets`)."""
+    functions of that name (the file's functions by name, and its calls from the walk of
+    :func:`convert_facts`; ``targets``: :attr:`FileFacts.loader_targets`)."""
     loaders = {target for target in targets if target.isidentifier()}  # plain names
 
     def is_loader(value: ast.expr) -> bool:

@@ -11,6 +11,7 @@ imprecision is accepted for speed.
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -28,8 +29,13 @@ class ImportMap:
 
     @classmethod
     def from_ast(cls, tree: ast.AST) -> "ImportMap":
+        return cls.from_imports(statements(tree))
+
+    @classmethod
+    def from_imports(cls, statements: Iterable[ast.AST]) -> "ImportMap":
+        """The table of ``statements`` (in source order; any but imports are passed over)."""
         table = cls()
-        for node in _statements(tree):
+        for node in statements:
             if isinstance(node, ast.Import):
                 for alias in node.names:
                     table.modules.add(alias.name)
@@ -130,11 +136,12 @@ def _cst_shape() -> tuple:
 
 
 #: the fields of a statement that hold statements (imports are statements: no expression can hold
-#: one, so the walk skips every expression, most of a file's nodes)
-_BODIES = ("body", "orelse", "finalbody", "handlers", "cases")
+#: one, so the walk skips every expression, most of a file's nodes), in the order they come in
+#: every node that has them (``try``: body, handlers, else, finally)
+_BODIES = ("body", "handlers", "orelse", "finalbody", "cases")
 
 
-def _statements(tree: ast.AST) -> list[ast.AST]:
+def statements(tree: ast.AST) -> list[ast.AST]:
     """Every statement of ``tree`` (and except handlers, match cases), in source order."""
     found: list[ast.AST] = []
     stack = list(reversed(getattr(tree, "body", [])))
@@ -145,10 +152,15 @@ def _statements(tree: ast.AST) -> list[ast.AST]:
         bodies = _BODIES_OF.get(kind)
         if bodies is None:
             bodies = _BODIES_OF[kind] = tuple(name for name in _BODIES if name in kind._fields)
-        for name in bodies:  # most statements have none: nothing to look up
+        if not bodies:
+            continue  # most statements have none: nothing to look up
+        inner: list[ast.AST] = []
+        for name in bodies:
             children = getattr(node, name, None)
-            if isinstance(children, list):
-                stack.extend(reversed(children))
+            if children:
+                inner.extend(children)
+        inner.reverse()
+        stack.extend(inner)
     return found
 
 

@@ -17,8 +17,8 @@ from typing import Literal
 
 import libcst as cst
 
-from distify.analysis.facts import gather_facts, parse_ast
-from distify.analysis.names import ImportMap
+from distify.analysis.facts import parse_ast
+from distify.analysis.filemodel import FileModel
 from distify.analysis.positions import lines_of, start_line
 from distify.analysis.project import module_names
 from distify.convert.base import Edit
@@ -112,8 +112,9 @@ def _convert(source: bytes, path: str, rules: RuleSet | None, runtime_module: st
              helper: bool, skip: frozenset[str]) -> FileResult:
     rules = rules or default_rules()
     tree = parse_ast(source, path)  # cheap, and a syntax error is reported even without torch
-    facts = gather_facts(tree, source, rules) if helper or b"torch" in source else None
-    table = facts.imports if facts is not None else ImportMap.from_ast(tree)
+    model = FileModel(tree, source, rules)  # the one analysis of the file
+    facts = model.facts if helper or b"torch" in source else None
+    table = model.imports
     imports = module_names(table.modules, table.aliases.values())
     if facts is None or not helper and not any(m.split(".")[0] in _TORCH_ROOTS
                                                for m in facts.imports.modules):

@@ -22,11 +22,12 @@ import io
 import re
 import tokenize
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from distify.analysis import parallelism
 from distify.analysis.facts import parse_ast
+from distify.analysis.filemodel import FileModel
 from distify.analysis.guards import ALL, MAIN, GuardFacts, Reach, complement, meet
-from distify.analysis.names import ImportMap
 from distify.analysis.project import module_names
 from distify.errors import UserError
 from distify.lint.matcher import Matcher
@@ -34,15 +35,12 @@ from distify.lint.model import PARSE_ERROR, FileResult, Finding, Fix
 from distify.lint.rule import REGISTRY, LintRule
 from distify.lint.suppression import Suppressions
 
-_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
 _SKIP_FIELDS = frozenset({"ctx", "op", "ops", "type_comment", "is_async"})
 _BINDING = (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Import, ast.ImportFrom, ast.FunctionDef,
             ast.AsyncFunctionDef, ast.ClassDef, ast.Global, ast.Nonlocal, ast.Delete,
             ast.Return, ast.Break, ast.Continue, ast.Yield, ast.YieldFrom, ast.Await,
             ast.NamedExpr)
-#: the fields that hold statement blocks (``handlers`` and match ``cases`` hold nodes with one)
-_BLOCKS = ("body", "orelse", "finalbody", "handlers", "cases")
 RUNTIME_MODULES = ("distify.runtime", "distify_runtime")
 
 
@@ -113,19 +111,20 @@ class LintOptions:
 class FileContext:
     """Everything rules know about the file being checked, and where the walk is in it."""
 
-    def __init__(self, path: str, source: bytes, tree: ast.Module, options: LintOptions) -> None:
+    def __init__(self, path: str, source: bytes, tree: ast.Module, options: LintOptions,
+                 model: FileModel | None = None) -> None:
         self.path = path
         self.source = source
         self.tree = tree
         self.options = options
         self.matcher = options.matcher
-        assigns, functions, self.imports = _collect(tree)
-        self.functions = functions
-        self.function_names = frozenset(func.name for func in functions)
-        self.facts = GuardFacts.collect(assigns, functions, self.imports, self.matcher)
-        self.module_names = _module_names(tree) | set(self.imports.aliases)
+        #: the file's one analysis, shared with ``convert`` (:mod:`distify.analysis.filemodel`):
+        #: the parts below are read from it, each computed when first read
+        self.model = model if model is not None else FileModel(tree, source, self.matcher.rules,
+                                                               self.matcher)
+        self.imports = self.model.imports
         #: already distributed (see :mod:`distify.analysis.parallelism`, shared with convert)
-        self.parallel = parallelism.find(tree, source, self.imports, self.matcher)
+        self.parallel = self.model.parallel
         self.distributed = self.parallel is not None and self.parallel.kind == "distributed"
         self.function: ast.AST | None = None
         self.stmt: ast.stmt = tree
@@ -136,6 +135,28 @@ class FileContext:
         self._callees: dict[int, str | None] = {}
         self._text: str | None = None
         self._lines: list[str] | None = None
+
+    # --- the file's model -----------------------------------------------------------------
+
+    @property
+    def functions(self) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
+        """The file's function definitions, in source order."""
+        return self.model.functions
+
+    @cached_property
+    def function_names(self) -> frozenset[str]:
+        return frozenset(func.name for func in self.model.functions)
+
+    @property
+    def facts(self) -> GuardFacts:
+        """The file's guard vocabulary (rank and guard variables and helpers)."""
+        return self.model.guards
+
+    @property
+    def module_names(self) -> frozenset[str]:
+        """Names bound at module level (by statements outside functions and classes, and by
+        imports)."""
+        return self.model.module_names
 
     # --- names ----------------------------------------------------------------------------
 
@@ -525,57 +546,6 @@ class _Walker:
             if not changed:
                 break
         return {func: frozenset(states or {EVERY}) for func, states in entries.items()}
-
-
-def _collect(tree: ast.Module) -> tuple[list[ast.AST], list[ast.AST], ImportMap]:
-    """The file's assignments, function definitions and import table.
-
-    Only statements are visited (assignments, definitions and imports are statements, and
-    statements only nest in statement blocks), which is several times cheaper than ``ast.walk``.
-    """
-    assigns: list[ast.AST] = []
-    functions: list[ast.AST] = []
-    imports: list[ast.stmt] = []
-    pending: list[ast.stmt] = list(tree.body)
-    while pending:
-        node = pending.pop()
-        kind = type(node)
-        if kind is ast.Assign or kind is ast.AnnAssign:
-            assigns.append(node)
-            continue
-        if kind is ast.Import or kind is ast.ImportFrom:
-            imports.append(node)
-            continue
-        if kind is ast.FunctionDef or kind is ast.AsyncFunctionDef:
-            functions.append(node)
-        for name in _BLOCKS:
-            block = getattr(node, name, None)
-            if block:
-                pending.extend(block)
-    assigns.sort(key=_position)
-    functions.sort(key=_position)
-    imports.sort(key=_position)
-    table = ImportMap.from_ast(ast.Module(body=imports, type_ignores=[]))
-    return assigns, functions, table
-
-
-def _position(node: ast.AST) -> tuple[int, int]:
-    return node.lineno, node.col_offset
-
-
-def _module_names(tree: ast.Module) -> set[str]:
-    """Names bound by module-level statements (not inside functions or classes)."""
-    names: set[str] = set()
-    pending = list(tree.body)
-    while pending:
-        stmt = pending.pop()
-        if isinstance(stmt, (*_FUNCTIONS, ast.ClassDef)):
-            names.add(stmt.name)
-            continue
-        for node in ast.walk(stmt):
-            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-                names.add(node.id)
-    return names
 
 
 def lint_source(source: bytes, path: str, options: LintOptions) -> FileResult:

@@ -29,8 +29,8 @@ def report_stops(rule: DataDependentCollective, rt: str) -> None:
     shapes = _Shapes()
     module.visit(shapes)
     context = _Context(rule, rt, shapes)
-    statements = {}
-    for node in ast.walk(rule.ctx.tree):
+    statements = {}  # line → the first statement on it (the file's model has them in order)
+    for node in rule.ctx.model.statements.all:
         if isinstance(node, ast.stmt):
             statements.setdefault(node.lineno, node)
     reported = set()
