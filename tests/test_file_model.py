@@ -339,3 +339,175 @@ def test_nested_defs_async_defs_lambdas_and_comprehensions_count_alike() -> None
         "go = lambda: (u * 2).sum().backward()"]
     assert sum("distify.backward(" in line for line in out) == 5
     assert not [n for n in result.notes if n.kind == "model"]
+
+
+# --- one model per file, read by both commands ------------------------------------------------
+
+_CHECKED = """\
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+
+rank = dist.get_rank()
+is_main = rank == 0
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = DataLoader(torch.randn(64, 4), batch_size=8)
+for x in loader:
+    model(x).sum().backward()
+    optimizer.step()
+if is_main:
+    torch.save(model.state_dict(), "m.pt")
+torch.save(model.state_dict(), "every.pt")
+"""
+
+
+def _fixture_sources() -> list[tuple[str, bytes]]:
+    from tests.helpers import FIXTURES
+
+    found = []
+    for path in sorted(FIXTURES.rglob("*.py")):
+        data = path.read_bytes()
+        try:
+            ast.parse(data)
+        except (SyntaxError, ValueError):
+            continue  # a fixture of a parse error
+        found.append((str(path.relative_to(FIXTURES)), data))
+    return found
+
+
+def _lint_options(check_all: bool = True):
+    from distify.lint.engine import LintOptions
+    from distify.lint.matcher import Matcher
+    from distify.lint.registry import all_codes
+
+    return LintOptions(Matcher(default_rules()), tuple(all_codes()), check_all)
+
+
+def test_each_command_builds_one_model_per_file_and_computes_each_part_once() -> None:
+    from distify.analysis.filemodel import observe
+    from distify.convert.engine import convert_source
+    from distify.lint.engine import lint_source
+
+    source = _CHECKED.replace("import torch.distributed as dist\n", "").replace(
+        "rank = dist.get_rank()\nis_main = rank == 0\n", "").replace("if is_main:\n    ", "")
+    converted = []
+    with observe(converted.append):
+        result = convert_source(source.encode(), "train.py")
+    assert result.status == "converted"
+    assert len(converted) == 1
+    parts = converted[0].computed
+    assert len(parts) == len(set(parts)), parts  # nothing computed twice
+    assert {"statements", "imports", "facts"} <= set(parts)
+
+    checked = []
+    with observe(checked.append):
+        found = lint_source(_CHECKED.encode(), "train.py", _lint_options(check_all=False))
+    assert ("DST101", 15) in [(f.code, f.line) for f in found.findings]
+    assert len(checked) == 1
+    parts = checked[0].computed
+    assert len(parts) == len(set(parts)), parts
+    assert {"statements", "imports", "parallel", "guards"} <= set(parts)
+
+
+def test_check_does_not_compute_the_conversions_facts_nor_convert_the_guards() -> None:
+    """Laziness: each command pays only for the parts it reads (check never walks every
+    node for the training flow; convert never learns guards or module-level names)."""
+    from distify.analysis.filemodel import observe
+    from distify.convert.engine import convert_source
+    from distify.lint.engine import lint_source
+
+    models = []
+    with observe(models.append):
+        lint_source(_CHECKED.encode(), "train.py", _lint_options())
+    assert not models[0].knows("facts") and "facts" not in models[0].computed
+    models.clear()
+    with observe(models.append):
+        convert_source(_CHECKED.encode(), "train.py")
+    assert models[0].knows("facts") and models[0].training.backward_count == 1
+    assert not models[0].knows("guards") and not models[0].knows("module_names")
+
+
+def test_both_commands_read_the_same_tables_of_one_model() -> None:
+    from distify.analysis.facts import parse_ast
+    from distify.analysis.filemodel import FileModel
+    from distify.lint.engine import FileContext
+
+    data = _CHECKED.encode()
+    tree = parse_ast(data, "train.py")
+    options = _lint_options()
+    model = FileModel(tree, data, default_rules(), options.matcher)
+    facts = model.facts
+    ctx = FileContext("train.py", data, tree, options, model=model)
+    assert ctx.imports is facts.imports is model.imports
+    assert ctx.functions is model.functions and ctx.parallel is facts.parallel
+    assert ctx.facts is model.guards and "rank" in ctx.facts.rank_names
+    assert "is_main" in ctx.facts.guard_names  # learnt from the assignments facts read too
+    assert facts.loader_targets == {"loader"}
+    assert model.computed.count("statements") == 1 and model.computed.count("imports") == 1
+
+
+def test_the_statements_are_every_statement_in_source_order() -> None:
+    """The one statement walk gives what a walk of every node finds, in source order."""
+    from distify.analysis.filemodel import FileModel
+
+    def position(node):
+        return node.lineno, node.col_offset
+
+    for name, data in _fixture_sources():
+        tree = ast.parse(data)
+        model = FileModel(tree, data, default_rules())
+        nodes = list(ast.walk(tree))
+        for part, types in (("assignments", (ast.Assign, ast.AnnAssign)),
+                            ("functions", (ast.FunctionDef, ast.AsyncFunctionDef)),
+                            ("classes", (ast.ClassDef,)),
+                            ("imports", (ast.Import, ast.ImportFrom))):
+            want = sorted((n for n in nodes if isinstance(n, types)), key=position)
+            assert getattr(model.statements, part) == want, (name, part)
+        statements = [n for n in model.statements.all if isinstance(n, ast.stmt)]
+        assert statements == sorted((n for n in nodes if isinstance(n, ast.stmt)),
+                                    key=position), name
+        assert model.imports == ImportMap.from_ast(tree), name
+
+
+def test_parallelism_is_one_answer_whichever_part_reads_it_first() -> None:
+    """check reads the parallelism alone (a search that stops at the first marker); convert
+    finds it in the walk of its facts: the same answer, line included."""
+    from distify.analysis.filemodel import FileModel
+
+    answers = 0
+    for name, data in _fixture_sources():
+        tree = ast.parse(data)
+        alone = FileModel(tree, data, default_rules())
+        first = alone.parallel
+        walked = FileModel(tree, data, default_rules())
+        assert walked.facts.parallel == first, name
+        assert walked.parallel is walked.facts.parallel and "parallel" in walked.computed
+        assert alone.facts.parallel is first  # read before: the walk does not search again
+        answers += first is not None
+    assert answers >= 20
+
+
+def test_one_import_table_binds_a_name_imported_twice_as_the_later_import_does() -> None:
+    """A name imported in both branches of a ``try`` (or ``if``) resolves to the import later
+    in the file, for both commands (convert's table visited ``except`` before ``try`` before;
+    check's sorted its imports into source order)."""
+    from distify.analysis.filemodel import FileModel
+    from distify.lint.engine import FileContext
+
+    data = textwrap.dedent("""\
+        try:
+            from apex import amp
+        except ImportError:
+            from torch.cuda import amp
+        if USE_NUMPY:
+            import numpy as xp
+        else:
+            import cupy as xp
+        """).encode()
+    tree = ast.parse(data)
+    model = FileModel(tree, data, default_rules())
+    assert model.imports.aliases == {"amp": "torch.cuda.amp", "xp": "cupy"}
+    assert ImportMap.from_ast(tree) == model.imports
+    ctx = FileContext("t.py", data, tree, _lint_options(), model=model)
+    assert ctx.imports is model.facts.imports is model.imports
