@@ -126,8 +126,8 @@ def eval_flow(tree: ast.Module, imports: Any, rules: _Matches) -> EvalFlow:
 
 
 class FlowFinder:
-    """Builds an :class:`EvalFlow`: :meth:`see` every node of the tree (in any order, so a
-    walk made for other facts serves), then :meth:`result`."""
+    """Builds an :class:`EvalFlow`: :meth:`see` every statement of the tree (in any order,
+    so a walk made for other facts serves; it looks at nothing else), then :meth:`result`."""
 
     #: the node types :meth:`see` reads (it passes over any other)
     SEEN = frozenset({ast.Assign, ast.For, ast.AsyncFor, ast.FunctionDef, ast.AsyncFunctionDef})

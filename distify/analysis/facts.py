@@ -185,20 +185,24 @@ def convert_facts(model: FileModel) -> FileFacts:
     handler_of = handlers.get
 
     def each(node: ast.AST) -> None:
-        kind = type(node)
-        handler = handler_of(kind)
+        handler = handler_of(type(node))
         if handler is not None:
             handler(node)
-        if markers is not None and kind in parallelism.SEEN and not markers.done:
-            markers.see(node)  # the markers and the flow read a few node types: not the rest
-        if flow is not None and kind in FlowFinder.SEEN:
-            flow.see(node)
+
+    seen = parallelism.SEEN  # the markers read a few node types: not the rest
+
+    def each_and_markers(node: ast.AST) -> None:
+        each(node)
+        if type(node) in seen and not markers.done:
+            markers.see(node)
+
+    visit = each if markers is None else each_and_markers
 
     # the walk's order is the one :attr:`FileModel.parallel` searches in
-    collected = collect(tree, facts.imports, rules, each) if trains else None
+    collected = collect(tree, facts.imports, rules, visit) if trains else None
     if collected is None:
         for node in walk(tree):  # breadth first, as the markers' first line always was
-            each(node)
+            visit(node)
     if markers is not None:
         model.give("parallel", markers.result())
     facts.parallel = model.parallel
@@ -212,6 +216,10 @@ def convert_facts(model: FileModel) -> FileFacts:
         facts.may_draw_batches = any(word in source for word in _DRAW_WORDS) \
             and may_draw_batches(tree, facts.imports)
         facts.may_batchify = not params.isdisjoint(dims)
+        seen_by_flow = FlowFinder.SEEN  # statements all: the flow reads nothing else
+        for node in statements.all:
+            if type(node) in seen_by_flow:
+                flow.see(node)
         facts.evaluation = flow.result(tree)
     facts.builds_loaders = any(name.rsplit(".", 1)[-1].encode() in source
                                for name in rules.names("dataloaders"))
