@@ -15,8 +15,9 @@ Two kinds:
   repeated by any rank, so ``check`` has nothing to say about it, and ``convert`` must not wrap
   the model of every worker in DDP.
 
-The walk is fed node by node (:class:`Finder`), so :func:`distify.analysis.facts.gather_facts`
-shares its single walk of the file; :func:`find` walks a tree on its own.
+The walk is fed node by node (:class:`Finder`): the file model's search
+(:attr:`distify.analysis.filemodel.FileModel.parallel`) uses it, or the whole-file walk of the
+conversion's facts feeds it on the way.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import ast
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from distify.analysis.astwalk import iter_walk
 from distify.analysis.names import ImportMap
 
 #: cheap substring test before walking a tree for markers (every marker contains one of these)
@@ -166,16 +166,3 @@ class Finder:
                 and (node.value in _RANK_FLAGS or node.value in _RANK_ENV):
             return node.lineno, f"reads {node.value!r}", None
         return None
-
-
-def find(tree: ast.Module, source: bytes, imports: ImportMap,
-         rules: _Matches) -> Parallelism | None:
-    """Whether the file is already distributed or multi-process, and why (with the line)."""
-    if not any(hint in source for hint in HINTS):
-        return None
-    finder = Finder(imports, rules)
-    for node in iter_walk(tree):  # ast.walk's order, without the context and operator nodes
-        finder.see(node)
-        if finder.done:
-            break
-    return finder.result()

@@ -319,11 +319,10 @@ def _warn_if_not_distributed(script: str, num_processes: int, shown: str | None 
         tree = ast.parse(source)
     except (OSError, SyntaxError, ValueError, RecursionError):
         return  # unreadable: the job's own error says more
-    from distify.analysis import parallelism
-    from distify.analysis.names import ImportMap
+    from distify.analysis.filemodel import FileModel
     from distify.rules import default_rules
 
-    found = parallelism.find(tree, source, ImportMap.from_ast(tree), default_rules())
+    found = FileModel(tree, source, default_rules()).parallel  # convert's answer, line and all
     if found is None or found.imported_only:
         imported = (f" (it {found.why} but never uses it)"
                     if found is not None else "")
