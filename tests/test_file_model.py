@@ -511,3 +511,18 @@ def test_one_import_table_binds_a_name_imported_twice_as_the_later_import_does()
     assert ImportMap.from_ast(tree) == model.imports
     ctx = FileContext("t.py", data, tree, _lint_options(), model=model)
     assert ctx.imports is model.facts.imports is model.imports
+
+
+def test_check_computes_only_the_parts_a_file_needs() -> None:
+    """A file check skips as not distributed costs its statements, imports and parallelism
+    only; the guard facts wait for the walk that reads them."""
+    from distify.analysis.filemodel import observe
+    from distify.lint.engine import lint_source
+
+    single = _CHECKED.replace("import torch.distributed as dist\n", "").replace(
+        "rank = dist.get_rank()", "rank = 0") + "# torch.distributed comes later\n"
+    models = []
+    with observe(models.append):
+        result = lint_source(single.encode(), "train.py", _lint_options(check_all=False))
+    assert result.skipped == "not distributed"
+    assert sorted(models[0].computed) == ["imports", "parallel", "statements"]

@@ -98,7 +98,7 @@ class FileModel:
         self.source = source
         self.rules = rules
         self.matcher: _Matches = matcher if matcher is not None else rules
-        #: the parts computed so far, in the order they were
+        #: the parts computed so far, in the order they were first asked for
         self.computed: list[str] = []
         for observer in _observers:
             observer(self)
