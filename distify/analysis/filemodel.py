@@ -19,6 +19,11 @@ parallelism, and never pays for the whole-node walk; ``convert`` reads the facts
 reuses the statements and the import table (and finds the parallelism on the way when nothing
 asked for it before). :attr:`FileModel.computed` lists the parts computed so far, in order;
 :func:`observe` calls a function with every model built while it is active (tests count them).
+
+What it does not hold yet: DST305's model flow (:func:`~.wrapping.model_flow`, its own walk
+with the import table of this model), the random-draw pre-test of the facts
+(:func:`~.draws.may_draw_batches`, a walk that keeps a loop stack) and the project-level
+analyses (:mod:`~.project`, which parse the files a project's imports reach on their own).
 """
 
 from __future__ import annotations
