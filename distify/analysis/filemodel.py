@@ -172,10 +172,12 @@ class FileModel:
         if not any(hint in self.source for hint in parallelism.HINTS):
             return None
         finder = parallelism.Finder(self.imports, self.matcher)
+        seen = parallelism.SEEN  # the markers read a few node types: not the rest
         for node in (iter_preorder if self.may_train else iter_walk)(self.tree):
-            finder.see(node)
-            if finder.done:
-                break
+            if type(node) in seen:
+                finder.see(node)
+                if finder.done:
+                    break
         return finder.result()
 
     @_part
