@@ -191,9 +191,12 @@ def convert_facts(model: FileModel) -> FileFacts:
 
     seen = parallelism.SEEN  # the markers read a few node types: not the rest
 
-    def each_and_markers(node: ast.AST) -> None:
-        each(node)
-        if type(node) in seen and not markers.done:
+    def each_and_markers(node: ast.AST) -> None:  # each's body again: a call per node costs
+        kind = type(node)
+        handler = handler_of(kind)
+        if handler is not None:
+            handler(node)
+        if kind in seen and not markers.done:
             markers.see(node)
 
     visit = each if markers is None else each_and_markers
