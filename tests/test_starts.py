@@ -25,6 +25,13 @@ def _lines(module: cst.Module) -> list[cst.SimpleStatementLine]:
     return found
 
 
+def _statements(source: bytes) -> list[ast.AST]:
+    from distify.analysis.filemodel import FileModel
+    from distify.rules import default_rules
+
+    return FileModel(ast.parse(source), source, default_rules()).statements.all
+
+
 def _generated(line: cst.SimpleStatementLine) -> int:
     code = cst.Module([]).code_for_node(line.with_changes(leading_lines=()))
     return len(code.split("\n", 1)[0])
@@ -32,7 +39,7 @@ def _generated(line: cst.SimpleStatementLine) -> int:
 
 def _check(source: bytes) -> int:
     module = cst.parse_module(source)
-    starts = StatementStarts(ast.parse(source), source, module)
+    starts = StatementStarts(_statements(source), source, module)
     lines = _lines(module)
     for line in lines:
         assert starts.first_line(line) == _generated(line), cst.Module([]).code_for_node(line)
@@ -70,7 +77,7 @@ def test_shapes(source: str) -> None:
 def test_no_answer_where_lines_end_with_a_lone_carriage_return() -> None:
     source = b"x = 1\ry = 2\n"
     module = cst.parse_module(source)
-    starts = StatementStarts(ast.parse(source), source, module)
+    starts = StatementStarts(_statements(source), source, module)
     assert all(starts.first_line(line) is None for line in _lines(module))
     assert starts.first_line(cst.SimpleStatementLine([cst.Pass()])) is None
 

@@ -131,7 +131,7 @@ def _convert(source: bytes, path: str, rules: RuleSet | None, runtime_module: st
     module = _parse_cst(source, path)
     rt = next((n for n in _RUNTIME_NAMES if n not in facts.names), "_distify_runtime")
     transformer = DistifyTransformer(facts, rules, rt, skip,
-                                     starts=StatementStarts(tree, source, module))
+                                     starts=StatementStarts(model.statements.all, source, module))
     with _deep_recursion(path):
         result = _rewrite(path, source, module, transformer, runtime_module)
     return dataclasses.replace(result, imports=imports, helper=helper,

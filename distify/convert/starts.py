@@ -3,9 +3,10 @@
 A rewrite that lengthens a line asks how long the line is as written (``_too_long``: does the
 longer name still fit the file's own line length?). Generating the statement's code to measure
 its first line was the largest single cost left in the rewriting pass: hundreds of statements
-on a large script, each written out in full. The ``ast`` tree the analysis already parsed knows
-where every statement starts; the two trees hold the same statements in the same order, so the
-k-th statement of one is the k-th of the other. That correspondence is checked statement by
+on a large script, each written out in full. The file model's statement list
+(:class:`~distify.analysis.filemodel.Statements`, from the ``ast`` tree) knows where every
+statement starts; the two trees hold the same statements in the same order, so the k-th
+statement of one is the k-th of the other. That correspondence is checked statement by
 statement (their kinds must agree all the way) before it is used; a file where it does not hold,
 or whose lines do not end the way both parsers count them, is measured the old way.
 """
@@ -13,6 +14,7 @@ or whose lines do not end the way both parsers count them, is measured the old w
 from __future__ import annotations
 
 import ast
+from collections.abc import Sequence
 
 import libcst as cst
 
@@ -36,8 +38,11 @@ class StatementStarts:
     """The first line of each of a module's own statement lines, as written (built on first
     use)."""
 
-    def __init__(self, tree: ast.Module, source: bytes, module: cst.Module) -> None:
-        self._tree = tree
+    def __init__(self, statements: Sequence[ast.AST], source: bytes,
+                 module: cst.Module) -> None:
+        #: the ``ast`` statements in source order, a statement before those it holds (except
+        #: handlers and match cases may be among them: they are left out)
+        self._statements = statements
         self._source = source
         self._module = module
         #: id of a statement line → (1-based line, UTF-8 byte column) of its first statement;
@@ -72,7 +77,7 @@ class StatementStarts:
         if "\r" in text.replace("\r\n", ""):  # a lone carriage return ends a line for ast
             return {}
         self._lines = text.split("\n")
-        theirs = _ast_statements(self._tree.body, [])
+        theirs = [stmt for stmt in self._statements if isinstance(stmt, ast.stmt)]
         lines: dict[int, int] = {}
         ours = _cst_statements(self._module.body, [], lines)
         if len(ours) != len(theirs) or any(
@@ -83,33 +88,8 @@ class StatementStarts:
                 for key, index in lines.items()}
 
 
-def _ast_statements(body: list[ast.stmt], out: list[ast.stmt]) -> list[ast.stmt]:
-    """Every statement in ``body``, in source order (a statement before the ones it holds)."""
-    for stmt in body:
-        out.append(stmt)
-        if isinstance(stmt, ast.If):
-            _ast_statements(stmt.body, out)
-            _ast_statements(stmt.orelse, out)
-        elif isinstance(stmt, (ast.Try, *_TRY_STAR)):
-            _ast_statements(stmt.body, out)
-            for handler in stmt.handlers:
-                _ast_statements(handler.body, out)
-            _ast_statements(stmt.orelse, out)
-            _ast_statements(stmt.finalbody, out)
-        elif isinstance(stmt, ast.Match):
-            for case in stmt.cases:
-                _ast_statements(case.body, out)
-        else:
-            _ast_statements(getattr(stmt, "body", []), out)
-            _ast_statements(getattr(stmt, "orelse", []), out)
-    return out
-
-
-_TRY_STAR = (ast.TryStar,) if hasattr(ast, "TryStar") else ()
-
-
 def _cst_statements(body, out: list[cst.CSTNode], lines: dict[int, int]) -> list[cst.CSTNode]:
-    """The LibCST statements in ``body``, in the order of :func:`_ast_statements` (each small
+    """The LibCST statements in ``body``, in the order of the file model's (each small
     statement of a line on its own); ``lines`` gets the index of each line's first one."""
     for stmt in body:
         if isinstance(stmt, cst.SimpleStatementLine):
