@@ -203,7 +203,7 @@ def read_names(node: cst.CSTNode) -> set[str]:
     """The plain names a LibCST subtree reads: ``a.b[c]`` reads ``a`` and ``c``, not ``b``."""
     import libcst as cst
 
-    from distify.analysis.walk import PUNCTUATION, children
+    from distify.analysis.walk import PUNCTUATION, children, is_a
 
     found: set[str] = set()
     stack = [node]
@@ -214,7 +214,7 @@ def read_names(node: cst.CSTNode) -> set[str]:
             found.add(node.value)
         elif kind is cst.Attribute:
             stack.append(node.value)
-        elif not issubclass(kind, PUNCTUATION):
+        elif not is_a(kind, PUNCTUATION):
             stack.extend(children(node))
     return found
 
