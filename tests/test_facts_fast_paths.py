@@ -107,11 +107,15 @@ def _sources() -> list[tuple[str, str]]:
     return found + sorted(_SHAPES.items())
 
 
-def _tree(text: str) -> ast.Module | None:
-    try:
-        return ast.parse(text)
-    except SyntaxError:
-        return None
+def _trees() -> list[tuple[str, ast.Module]]:
+    """(name, tree) of every source that parses."""
+    found = []
+    for name, text in _sources():
+        try:
+            found.append((name, ast.parse(text)))
+        except SyntaxError:
+            continue
+    return found
 
 
 def _may_draw_per_node(tree: ast.Module, imports: ImportMap) -> bool:
@@ -149,10 +153,7 @@ def _may_draw_per_node(tree: ast.Module, imports: ImportMap) -> bool:
 
 def test_may_draw_batches_answers_as_the_per_node_walk() -> None:
     answers = {True: 0, False: 0}
-    for name, text in _sources():
-        tree = _tree(text)
-        if tree is None:
-            continue
+    for name, tree in _trees():
         imports = ImportMap.from_ast(tree)
         expected = _may_draw_per_node(tree, imports)
         assert may_draw_batches(tree, imports) == expected, name
@@ -180,10 +181,7 @@ def test_the_markers_and_the_flow_read_only_the_node_types_they_name() -> None:
     ``SEEN`` change nothing."""
     rules = default_rules()
     distributed = 0
-    for name, text in _sources():
-        tree = _tree(text)
-        if tree is None:
-            continue
+    for name, tree in _trees():
         imports = ImportMap.from_ast(tree)
         nodes = list(ast.walk(tree))
         every, some = parallelism.Finder(imports, rules), parallelism.Finder(imports, rules)
@@ -211,10 +209,7 @@ def test_the_losses_are_those_of_every_binding_read() -> None:
     those of reading every binding."""
     rules = default_rules()
     found = 0
-    for name, text in _sources():
-        tree = _tree(text)
-        if tree is None:
-            continue
+    for name, tree in _trees():
         finder = FlowFinder(ImportMap.from_ast(tree), rules)
         for node in ast.walk(tree):
             finder.see(node)
@@ -237,10 +232,7 @@ def test_ast_qualname_resolves_the_dotted_name() -> None:
     """``ImportMap.ast_qualname`` in one pass equals resolving the dotted name, on every
     expression of the fixtures."""
     compared = 0
-    for name, text in _sources():
-        tree = _tree(text)
-        if tree is None:
-            continue
+    for name, tree in _trees():
         imports = ImportMap.from_ast(tree)
         for node in ast.walk(tree):
             if isinstance(node, ast.expr):

@@ -12,30 +12,40 @@ from distify.convert.syntax import _code, _shift_continuations
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-class _Expressions(cst.CSTVisitor):
-    def __init__(self) -> None:
+class _Nodes(cst.CSTVisitor):
+    """Collects every node of the kinds asked for (every node: ``kinds`` None)."""
+
+    def __init__(self, kinds: tuple[type, ...] | None) -> None:
         super().__init__()
+        self.kinds = kinds
         self.found: list[cst.CSTNode] = []
 
     def on_visit(self, node: cst.CSTNode) -> bool:
-        if isinstance(node, (cst.Name, cst.Attribute, cst.Integer, cst.Float, cst.SimpleString,
-                             cst.Call, cst.Subscript)):
+        if self.kinds is None or isinstance(node, self.kinds):
             self.found.append(node)
         return True
 
 
-def test_code_is_libcst_code_on_the_fixtures():
-    checked = 0
-    for path in sorted(FIXTURES.rglob("*.py"))[:120]:
+def _fixture_nodes(files: int, kinds: tuple[type, ...] | None = None):
+    """(path, node) for the nodes of the first ``files`` fixtures LibCST parses."""
+    for path in sorted(FIXTURES.rglob("*.py"))[:files]:
         try:
             module = cst.parse_module(path.read_bytes())
         except cst.ParserSyntaxError:
             continue
-        finder = _Expressions()
-        module.visit(finder)
-        for node in finder.found:
-            assert _code(node) == cst.Module([]).code_for_node(node), path
-            checked += 1
+        nodes = _Nodes(kinds)
+        module.visit(nodes)
+        for node in nodes.found:
+            yield path, node
+
+
+def test_code_is_libcst_code_on_the_fixtures():
+    checked = 0
+    kinds = (cst.Name, cst.Attribute, cst.Integer, cst.Float, cst.SimpleString, cst.Call,
+             cst.Subscript)
+    for path, node in _fixture_nodes(120, kinds):
+        assert _code(node) == cst.Module([]).code_for_node(node), path
+        checked += 1
     assert checked > 10_000
 
 
@@ -56,33 +66,17 @@ def test_shift_continuations_moves_aligned_lines_and_keeps_hanging_ones():
 def test_spans_lines_is_a_line_break_in_the_code_on_the_fixtures():
     from distify.convert.syntax import _spans_lines
 
-    class _Every(cst.CSTVisitor):
-        def __init__(self) -> None:
-            super().__init__()
-            self.found: list[cst.CSTNode] = []
-
-        def on_visit(self, node: cst.CSTNode) -> bool:
-            self.found.append(node)
-            return True
-
     checked = spanning = 0
-    for path in sorted(FIXTURES.rglob("*.py"))[:80]:
-        try:
-            module = cst.parse_module(path.read_bytes())
-        except cst.ParserSyntaxError:
+    for path, node in _fixture_nodes(80):
+        if isinstance(node, cst.Module):
             continue
-        every = _Every()
-        module.visit(every)
-        for node in every.found:
-            if isinstance(node, cst.Module):
-                continue
-            try:
-                expected = "\n" in cst.Module([]).code_for_node(node)
-            except Exception:  # a node that needs its parent to be written (CSTCodegenError)
-                continue
-            assert _spans_lines(node) == expected, (path, cst.Module([]).code_for_node(node))
-            checked += 1
-            spanning += expected
+        try:
+            expected = "\n" in cst.Module([]).code_for_node(node)
+        except Exception:  # a node that needs its parent to be written (CSTCodegenError)
+            continue
+        assert _spans_lines(node) == expected, (path, cst.Module([]).code_for_node(node))
+        checked += 1
+        spanning += expected
     assert checked > 50_000 and spanning > 1_000
     for source in ["(a\n)", "a \\\n+ b", "'''x\ny'''", "f'''{a}\n'''", "f(a,  # c\n b)", "[1]"]:
         node = cst.parse_expression(source)
