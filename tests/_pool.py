@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import faulthandler
 import json
 import os
 import select
@@ -193,6 +194,8 @@ def _wait(pids: list[int], conn: socket.socket, deadline: float,
         now = time.monotonic()
         if now > deadline and not timed_out:
             timed_out = True
+            _signal(pids, codes, signal.SIGUSR1)  # the stacks of a hang, into each rank's stderr
+            time.sleep(0.5)
             _signal(pids, codes, signal.SIGKILL)
         if kill_at is not None and now > kill_at:
             _signal(pids, codes, signal.SIGKILL)
@@ -227,6 +230,8 @@ def _child(request: dict, env: dict[str, str], rank: int) -> None:
         capture = request["capture"]
         _redirect(os.path.join(capture, f"rank{rank}.out"),
                   os.path.join(capture, f"rank{rank}.err"))
+        # a rank past the job's deadline writes where each of its threads is (see _wait)
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
         os.environ.clear()
         os.environ.update(env)
         os.chdir(request["cwd"])
@@ -410,6 +415,9 @@ def run(script: str, args: list[str], *, cwd: str, env: dict[str, str], nproc: i
     codes = answer["codes"]
     stdout, stderr = "".join(outs), "".join(errs)
     if answer["timed_out"]:
+        # the ranks' outputs (each one's stacks at the deadline among them) for the report
+        print(f"pooled job timed out after {timeout} s; its ranks' output:\n{stdout}\n{stderr}",
+              file=sys.stderr)
         raise subprocess.TimeoutExpired(command, timeout, output=stdout, stderr=stderr)
     if not torchrun:
         return subprocess.CompletedProcess(command, codes[0], stdout, stderr)
