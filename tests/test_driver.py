@@ -269,7 +269,7 @@ def test_the_bookkeeping_is_in_the_context_not_on_the_transformer():
     transformer, _ = _transformer("import torch\n")
     # the inputs and the results the engine reads; everything else is the context's
     own = set(vars(transformer)) - set(vars(cst.CSTTransformer()))  # LibCST's `metadata`
-    assert own == {"facts", "rules", "rt", "skip", "ctx", "edits", "first_touched",
+    assert own == {"facts", "rules", "rt", "skip", "starts", "ctx", "edits", "first_touched",
                    "batch_sizes", "own_mixed_precision"}
     assert isinstance(transformer.ctx, ConvertContext)
 
@@ -328,7 +328,7 @@ def test_after_a_walk_the_transformer_holds_no_familys_loose_fields(source):
     assert "rt.backward(loss)" in output
     assert ("main_process_first" in output) == (source is DOWNLOADING)
     own = set(vars(transformer)) - set(vars(cst.CSTTransformer()))  # LibCST's `metadata`
-    assert own == {"facts", "rules", "rt", "skip", "ctx", "edits", "first_touched",
+    assert own == {"facts", "rules", "rt", "skip", "starts", "ctx", "edits", "first_touched",
                    "batch_sizes", "own_mixed_precision", *FAMILY_STATES}
     first = {}
     for attr, name in FAMILY_STATES.items():

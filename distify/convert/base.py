@@ -1,6 +1,7 @@
 """What every rewrite family builds on: the inputs (facts, rules, the runtime's name), the edits
 made, the helpers that read the shared bookkeeping (``self.ctx``, :mod:`.context`), the scope
-handlers the driver runs first, and the traversal's cached dispatch (:meth:`on_visit`)."""
+handlers the driver runs first, and what each walk does at each node type
+(:meth:`TransformerBase.traversal_step`)."""
 
 from __future__ import annotations
 
@@ -75,51 +76,45 @@ class TransformerBase(cst.CSTTransformer):
     """The inputs, results and helpers shared by the rewrite families; ``rt`` is the runtime's
     local name. A subclass with a ``HANDLERS`` table is a driver: its hooks are made from it."""
 
-    # LibCST looks up ``visit_<Node>`` / ``leave_<Node>`` by name for every node, and
-    # ``visit_<Node>_<field>`` hooks for every field (which we never define). Caching the
-    # lookup per node type and skipping the field hooks takes a third off a conversion.
-    # LibCST's own do-nothing hooks are cached as None, so they are not called at all.
-    #: node type → (its visit hook or None, whether to visit its children, whether it is a
-    #: statement, which may be one of the module's own)
-    _visit_plans: ClassVar[dict[type, tuple[Callable | None, bool, bool]]] = {}
-    _leave_methods: ClassVar[dict[type, Callable | None]] = {}
+    # The conversion walks with :func:`distify.convert.traverse.rewrite`, which asks
+    # :meth:`traversal_step` what to do at each node type. LibCST's own ``visit`` (the tests
+    # compare both walks) goes through :meth:`on_visit` and :meth:`on_leave`, which read the
+    # same steps: one decision per node type for both walks.
+    #: node type → its :meth:`traversal_step`, made on first use
+    _steps: ClassVar[dict[type, tuple]] = {}
     #: the node types whose fields ``on_visit_attribute``/``on_leave_attribute`` must see (the
     #: only ones those hooks act on): the rewriting walk calls them there only
     FIELD_HOOKS: ClassVar[tuple[type, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        cls._visit_plans, cls._leave_methods = {}, {}
+        cls._steps = {}
         if "HANDLERS" in vars(cls):  # the driver: its hooks come from its table
             install(cls, cls.HANDLERS)
         inside = [f"{prefix}_{kind.__name__}" for kind in _INSIDE_PUNCTUATION
                   for prefix in ("visit", "leave")]
         hooked = [name for name in inside if _own_hook(cls, name) is not None]
-        if hooked:  # on_visit would never call them
+        if hooked:  # no walk would call them
             raise TypeError(f"{cls.__name__} defines {', '.join(hooked)}: the traversal does not "
                             "descend into punctuation or leaves (see _PUNCTUATION, _LEAVES)")
 
     def on_visit(self, node: cst.CSTNode) -> bool:
-        kind = type(node)
-        try:
-            method, descend, statement = self._visit_plans[kind]
-        except KeyError:
-            method, descend, statement = self._visit_plans[kind] = (
-                _own_hook(type(self), f"visit_{kind.__name__}"),
-                not issubclass(kind, _PUNCTUATION + _LEAVES),
-                issubclass(kind, cst.BaseStatement))
-        if statement:
-            top = self.ctx.top_level.get(id(node))
-            if top is not None:
-                self.ctx.current_top = top
-        if method is not None and method(self, node) is False:
+        visit, _, what, _ = self._step(type(node))
+        if visit is not None and visit(self, node) is False:
             return False
-        return descend
+        return what >= traverse.CHILDREN  # not into punctuation and leaves
+
+    @classmethod
+    def _step(cls, kind: type) -> tuple:
+        step = cls._steps.get(kind)
+        if step is None:
+            step = cls._steps[kind] = cls.traversal_step(kind)
+        return step
 
     @classmethod
     def traversal_step(cls, kind: type) -> tuple[Callable | None, Callable | None, int]:
-        """What :func:`distify.convert.traverse.rewrite` does at a node of type ``kind``: the
-        same as :meth:`on_visit` and :meth:`on_leave` do under LibCST's own ``visit``."""
+        """What a walk does at a node of type ``kind`` (:func:`distify.convert.traverse.rewrite`
+        asks it; :meth:`on_visit` and :meth:`on_leave` read it for LibCST's own ``visit``)."""
         visit = _own_hook(cls, f"visit_{kind.__name__}")
         leave = _own_hook(cls, f"leave_{kind.__name__}")
         if is_a(kind, (cst.BaseStatement,)):  # may be one of the module's own statements
@@ -151,12 +146,8 @@ class TransformerBase(cst.CSTTransformer):
         return found
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):
-        kind = type(original_node)
-        try:
-            method = self._leave_methods[kind]
-        except KeyError:
-            method = self._leave_methods[kind] = _own_hook(type(self), f"leave_{kind.__name__}")
-        return updated_node if method is None else method(self, original_node, updated_node)
+        leave = self._step(type(original_node))[1]
+        return updated_node if leave is None else leave(self, original_node, updated_node)
 
     def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
         return None
@@ -174,7 +165,9 @@ class TransformerBase(cst.CSTTransformer):
         #: the rewrites turned off (``--skip``; names of :mod:`distify.convert.rewrites`)
         self.skip = skip
         #: the bookkeeping of the module being converted (made anew for each module)
-        self.ctx = ConvertContext(starts=starts)
+        #: where the parsed module's statement lines start in the source (None: not known)
+        self.starts = starts
+        self.ctx = ConvertContext()
         self.edits: list[Edit] = []
         #: index of the first top-level statement that runs at import time and uses the
         #: runtime (where its import must already be done); len(body) when there is none
@@ -208,7 +201,7 @@ class TransformerBase(cst.CSTTransformer):
             # each leading comment or blank line is one line of the code: the statement's own
             # first line comes after them (no copy of the statement without them is made)
             leading = statement.leading_lines
-            known = self.ctx.starts.first_line(statement) if self.ctx.starts else None
+            known = self.starts.first_line(statement) if self.starts else None
             if known is not None:  # as written (the code of an unchanged statement is that)
                 self.ctx.first_lines[id(statement)] = known
             elif all(line.newline.value != "\r" for line in leading):
@@ -275,7 +268,7 @@ class TransformerBase(cst.CSTTransformer):
     def _base_on_module(self, node: cst.Module) -> None:
         self.ctx = ConvertContext(indent_unit=node.default_indent, top_level={
             id(stmt): (index, isinstance(stmt, (cst.FunctionDef, cst.ClassDef)))
-            for index, stmt in enumerate(node.body)}, starts=self.ctx.starts)
+            for index, stmt in enumerate(node.body)})
 
     @property
     def _scope(self) -> _Scope:

@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from distify.analysis.downloads import DownloadUnit
     from distify.analysis.draws_flow import DrawFlow
     from distify.convert.models import _IfFrame
-    from distify.convert.starts import StatementStarts
 
 
 @dataclass
@@ -117,8 +116,6 @@ class NodeSet:
 class ConvertContext:
     """The mutable state of one conversion, per module."""
 
-    #: where the parsed module's statement lines start in the source (None: not known)
-    starts: StatementStarts | None = None
     #: expression → its qualified name (``nn.Linear`` → ``torch.nn.Linear``) or None: asked by
     #: several families of the same nodes (keyed by the node itself, which it keeps alive)
     quals: dict[cst.CSTNode, str | None] = field(default_factory=dict)
