@@ -105,10 +105,15 @@ def varies(kind: type) -> bool:
     return bool(_ORDER[kind][1])
 
 
-def _own(cls: type, name: str) -> Callable | None:
-    """``cls``'s hook ``name``, or None where it is LibCST's default (which does nothing)."""
+def own_hook(cls: type, name: str) -> Callable | None:
+    """``cls``'s hook ``name``, or None where it has none or it is LibCST's default (a
+    visitor's or a transformer's, which does nothing): for the read-only walk, the rewriting
+    walk and the converter's checks of its own hooks alike."""
     method = getattr(cls, name, None)
-    return None if method is None or method is getattr(cst.CSTVisitor, name, None) else method
+    if method is None or method is getattr(cst.CSTVisitor, name, None) \
+            or method is getattr(cst.CSTTransformer, name, None):
+        return None
+    return method
 
 
 class _Plan:
@@ -117,15 +122,16 @@ class _Plan:
     def __init__(self, cls: type, hooked: list[type]) -> None:
         self.cls = cls
         #: it overrides on_visit/on_leave: every node goes to them
-        self.generic = _own(cls, "on_visit") is not None or _own(cls, "on_leave") is not None
+        self.generic = (own_hook(cls, "on_visit") is not None
+                        or own_hook(cls, "on_leave") is not None)
         self.statements_only = all(is_a(kind, _STATEMENT_LEVEL) for kind in hooked)
         self.punctuation = any(is_a(kind, PUNCTUATION) for kind in hooked)
         #: node type → (visit hook, leave hook, _SKIP / _NO_CHILDREN / _CHILDREN)
         self.steps: dict[type, tuple[Callable | None, Callable | None, int]] = {}
 
     def step(self, kind: type) -> tuple[Callable | None, Callable | None, int]:
-        visit = _own(self.cls, f"visit_{kind.__name__}")
-        leave = _own(self.cls, f"leave_{kind.__name__}")
+        visit = own_hook(self.cls, f"visit_{kind.__name__}")
+        leave = own_hook(self.cls, f"leave_{kind.__name__}")
         if is_a(kind, PUNCTUATION) and not self.punctuation:
             what = _SKIP
         elif kind in _ATOMS and not self.punctuation and visit is None and leave is None:
@@ -146,10 +152,10 @@ def _plan(cls: type) -> _Plan | None:
     if cls in _PLANS:
         return _PLANS[cls]
     hooked: list[type] = []
-    attribute_hooks = any(_own(cls, name) is not None
+    attribute_hooks = any(own_hook(cls, name) is not None
                           for name in ("on_visit_attribute", "on_leave_attribute"))
     for name in _defined(cls):
-        if not name.startswith(("visit_", "leave_")) or _own(cls, name) is None:
+        if not name.startswith(("visit_", "leave_")) or own_hook(cls, name) is None:
             continue
         kind = getattr(cst, name.split("_", 1)[1], None)
         if isinstance(kind, type) and is_a(kind, (cst.CSTNode,)):

@@ -17,7 +17,7 @@ from distify.analysis.evaluation import is_eval_context
 from distify.analysis.facts import FileFacts
 from distify.analysis.loaders import is_loaderish, is_loop_wrapper, unwrapped
 from distify.analysis.names import dotted_name
-from distify.analysis.walk import PUNCTUATION, is_a, walk
+from distify.analysis.walk import PUNCTUATION, is_a, own_hook, walk
 from distify.convert import traverse
 from distify.convert.context import ConvertContext, _Scope
 from distify.convert.driver import handles, install
@@ -66,12 +66,6 @@ _INSIDE_PUNCTUATION = (cst.SimpleWhitespace, cst.ParenthesizedWhitespace, cst.Tr
                        cst.Semicolon)
 
 
-def _own_hook(cls: type, name: str) -> Callable | None:
-    """``cls``'s hook ``name``, or None where it is LibCST's default (which does nothing)."""
-    method = getattr(cls, name, None)
-    return None if method is getattr(cst.CSTTransformer, name, None) else method
-
-
 class TransformerBase(cst.CSTTransformer):
     """The inputs, results and helpers shared by the rewrite families; ``rt`` is the runtime's
     local name. A subclass with a ``HANDLERS`` table is a driver: its hooks are made from it."""
@@ -93,7 +87,7 @@ class TransformerBase(cst.CSTTransformer):
             install(cls, cls.HANDLERS)
         inside = [f"{prefix}_{kind.__name__}" for kind in _INSIDE_PUNCTUATION
                   for prefix in ("visit", "leave")]
-        hooked = [name for name in inside if _own_hook(cls, name) is not None]
+        hooked = [name for name in inside if own_hook(cls, name) is not None]
         if hooked:  # no walk would call them
             raise TypeError(f"{cls.__name__} defines {', '.join(hooked)}: the traversal does not "
                             "descend into punctuation or leaves (see _PUNCTUATION, _LEAVES)")
@@ -115,8 +109,8 @@ class TransformerBase(cst.CSTTransformer):
     def traversal_step(cls, kind: type) -> tuple[Callable | None, Callable | None, int]:
         """What a walk does at a node of type ``kind`` (:func:`distify.convert.traverse.rewrite`
         asks it; :meth:`on_visit` and :meth:`on_leave` read it for LibCST's own ``visit``)."""
-        visit = _own_hook(cls, f"visit_{kind.__name__}")
-        leave = _own_hook(cls, f"leave_{kind.__name__}")
+        visit = own_hook(cls, f"visit_{kind.__name__}")
+        leave = own_hook(cls, f"leave_{kind.__name__}")
         if is_a(kind, (cst.BaseStatement,)):  # may be one of the module's own statements
             hook = visit
 
@@ -139,7 +133,7 @@ class TransformerBase(cst.CSTTransformer):
         found = cls.__dict__.get("_hooked")
         if found is None:
             found = tuple(kind for name in dir(cls) if name.startswith(("visit_", "leave_"))
-                          and _own_hook(cls, name) is not None
+                          and own_hook(cls, name) is not None
                           for kind in [getattr(cst, name.split("_", 1)[1], None)]
                           if isinstance(kind, type))
             cls._hooked = found

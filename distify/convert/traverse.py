@@ -28,7 +28,7 @@ from typing import Any
 
 import libcst as cst
 
-from distify.analysis.walk import child_fields, is_a, is_node_type, varies
+from distify.analysis.walk import child_fields, is_a, is_node_type, own_hook, varies
 
 _REMOVE = cst.RemovalSentinel
 _FLATTEN = cst.FlattenSentinel
@@ -62,11 +62,11 @@ class Plan:
         if self._custom is not None:
             visit, leave, what, inert = self._custom(kind)
         else:
-            fields = _own(self.cls, "on_visit_attribute") is not None or \
-                _own(self.cls, "on_leave_attribute") is not None
-            visit, leave, what, inert = (
-                _own(self.cls, f"visit_{kind.__name__}"), _own(self.cls, f"leave_{kind.__name__}"),
-                FIELDS if fields else CHILDREN, frozenset())
+            fields = own_hook(self.cls, "on_visit_attribute") is not None or \
+                own_hook(self.cls, "on_leave_attribute") is not None
+            visit = own_hook(self.cls, f"visit_{kind.__name__}")
+            leave = own_hook(self.cls, f"leave_{kind.__name__}")
+            what, inert = FIELDS if fields else CHILDREN, frozenset()
         self.inert[kind] = inert
         order = child_fields(node)
         names = None if varies(kind) else tuple(name for name in order if name not in inert)
@@ -123,11 +123,6 @@ def _subclasses(kind: type) -> tuple[type, ...]:
     return tuple(found)
 
 
-def _own(cls: type, name: str) -> Any:
-    method = getattr(cls, name, None)
-    return None if method is None or method is getattr(cst.CSTTransformer, name, None) else method
-
-
 _PLANS: dict[type, Plan] = {}
 
 
@@ -140,7 +135,7 @@ def rewrite(node: cst.CSTNode, transformer: cst.CSTTransformer) -> Any:
     plan = _PLANS.get(cls)
     if plan is None:
         if getattr(cls, "traversal_step", None) is None and (
-                _own(cls, "on_visit") is not None or _own(cls, "on_leave") is not None):
+                own_hook(cls, "on_visit") is not None or own_hook(cls, "on_leave") is not None):
             return node.visit(transformer)
         plan = _PLANS[cls] = Plan(cls)
     return _visit(node, transformer, plan.steps, plan)
