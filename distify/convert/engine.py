@@ -104,7 +104,7 @@ def convert_source(source: bytes, path: str = "<string>", rules: RuleSet | None 
     Raises:
         UserError: the source is not valid Python (the message carries ``path:line:col``).
     """
-    with _fewer_collections():
+    with _no_collections():
         return _convert(source, path, rules, runtime_module, helper, skip)
 
 
@@ -186,7 +186,7 @@ def _deep_recursion(path: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _fewer_collections() -> Iterator[None]:
+def _no_collections() -> Iterator[None]:
     """LibCST's parse and the rewrite allocate a node for most nodes of the file, and the
     garbage collector, triggered every 700 allocations, scans the growing young generation
     again and again: about a fifth of a large file's conversion once, still 3% with a threshold
