@@ -37,12 +37,23 @@ def _generated(line: cst.SimpleStatementLine) -> int:
     return len(code.split("\n", 1)[0])
 
 
+def _written_on_one_line(line: cst.SimpleStatementLine) -> bool:
+    """No line break from the line's first token to its last (its code without the leading
+    lines, and without the comment and the line end after it)."""
+    code = cst.Module([]).code_for_node(line.with_changes(
+        leading_lines=(), trailing_whitespace=cst.TrailingWhitespace()))
+    code = code.rstrip("\r\n")
+    return "\n" not in code and "\r" not in code
+
+
 def _check(source: bytes) -> int:
     module = cst.parse_module(source)
     starts = StatementStarts(_statements(source), source, module)
     lines = _lines(module)
     for line in lines:
-        assert starts.first_line(line) == _generated(line), cst.Module([]).code_for_node(line)
+        code = cst.Module([]).code_for_node(line)
+        assert starts.first_line(line) == _generated(line), code
+        assert starts.one_line(line) is _written_on_one_line(line), code
     return len(lines)
 
 
@@ -69,6 +80,9 @@ def test_every_statement_line_of_the_fixtures() -> None:
     "\ufeffx = 1\r\ny = 2\r\n",
     "x = (1,\r\n     2)\r\ny = 3\nz = 4\r\n",  # mostly CRLF, one LF
     "x = 1\ny = (2,\r\n     3)\nz = 4\n",  # mostly LF, one CRLF
+    # a line break only in the first statement of a line, only between two statements of a
+    # line (a backslash), only in a string
+    "a = f(\n); b = 1\nc = 1; \\\n  d = 2\ne = 1; g = \"\"\"x\ny\"\"\"\nprint(1, 2)  # done\n",
 ])
 def test_shapes(source: str) -> None:
     assert _check(source.encode("utf-8")) >= 1
@@ -79,7 +93,9 @@ def test_no_answer_where_lines_end_with_a_lone_carriage_return() -> None:
     module = cst.parse_module(source)
     starts = StatementStarts(_statements(source), source, module)
     assert all(starts.first_line(line) is None for line in _lines(module))
+    assert all(starts.one_line(line) is None for line in _lines(module))
     assert starts.first_line(cst.SimpleStatementLine([cst.Pass()])) is None
+    assert starts.one_line(cst.SimpleStatementLine([cst.Pass()])) is None
 
 
 def test_a_conversion_measures_its_lines_from_the_source(monkeypatch) -> None:
@@ -99,3 +115,33 @@ def test_a_conversion_measures_its_lines_from_the_source(monkeypatch) -> None:
               b"    loss.backward()\n    print('loss', loss.item())\n")
     assert convert_source(source).status == "converted"
     assert asked and all(length is not None for length in asked)
+
+
+def test_a_renamed_call_on_a_one_line_statement_is_not_walked_for_a_line_break(
+        monkeypatch) -> None:
+    """``_holds_line_break`` answers from the source for an unchanged call on a line written
+    on one line, and its answer is always the walk's (every conversion of the fixtures)."""
+    from distify.convert.base import TransformerBase
+    from distify.convert.engine import convert_source
+    from distify.convert.syntax import _spans_lines
+    from distify.errors import UserError
+
+    answers: list[tuple[bool, bool]] = []
+    holds = TransformerBase._holds_line_break
+
+    def checked(self, node, original):
+        fast = node is original and self.ctx.statements \
+            and bool(self.starts.one_line(self.ctx.statements[-1]))
+        answer = holds(self, node, original)
+        assert answer is _spans_lines(node), cst.Module([]).code_for_node(node)
+        answers.append((fast, answer))
+        return answer
+
+    monkeypatch.setattr(TransformerBase, "_holds_line_break", checked)
+    for path in sorted(FIXTURES.rglob("*.py")):
+        try:
+            convert_source(path.read_bytes(), str(path))
+        except UserError:
+            continue
+    assert sum(fast for fast, _ in answers) > 100  # answered from the source
+    assert any(answer for _, answer in answers)  # and some calls do span lines

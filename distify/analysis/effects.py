@@ -107,11 +107,13 @@ def cst_shape(call: cst.Call, imports: ImportMap) -> CallShape:
 def _cst_argument(node: cst.BaseExpression, imports: ImportMap) -> Argument:
     import libcst as cst
 
+    from distify.analysis.literals import literal_value
+
     if isinstance(node, (cst.SimpleString, cst.ConcatenatedString)):
-        value = node.evaluated_value
+        value = literal_value(node)
         return Argument(constant=value) if isinstance(value, str) else Argument()
     if isinstance(node, (cst.Integer, cst.Float)):
-        return Argument(constant=node.evaluated_value)
+        return Argument(constant=literal_value(node))
     if isinstance(node, cst.Name) and node.value in ("True", "False", "None"):
         return Argument(constant={"True": True, "False": False, "None": None}[node.value])
     if isinstance(node, cst.Call):

@@ -141,6 +141,7 @@ def _statements_and_expressions(module: cst.Module, wanted: set[int],
                     line += _newlines(child, default)
 
     visit(module)
+    visit = None  # the recursive closure refers to itself: the cycle ends here, not in the GC
 
 
 def _newlines(node: cst.CSTNode, default: int) -> int:
@@ -211,3 +212,4 @@ def _every_node(module: cst.Module, wanted: set[int], lines: dict[int, int]) -> 
                         visit(child)
 
     visit(module)
+    visit = None  # (as above)

@@ -221,8 +221,9 @@ class _Collector(Collector):
         self.method_calls: dict[Scope, list[tuple[str, ast.Call]]] = {}
         self.marker_instances: set[str] = set()
         self.loop_calls: set[int] = set()  # calls inside a loop over `parameters()`
-        self._handlers.update({ast.Attribute: self._attribute, ast.Subscript: self._subscript,
-                               ast.For: self._loop})
+        kind = type(self)  # plain functions, as the base's (no cycle through the instance)
+        self._handlers.update({ast.Attribute: kind._attribute, ast.Subscript: kind._subscript,
+                               ast.For: kind._loop})
 
     def callee(self, call: ast.Call) -> str:
         return self._callee(call) or ""
@@ -237,7 +238,7 @@ class _Collector(Collector):
             node, scope = stack.pop()
             handler = handlers.get(type(node))
             if handler is not None:
-                scope = handler(node, scope) or scope
+                scope = handler(self, node, scope) or scope
             children: list[ast.AST] = []
             for name in node._fields:
                 value = getattr(node, name, None)

@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from distify.analysis.literals import literal_value
 from distify.analysis.names import dotted_name
 from distify.analysis.walk import walk
 from distify.convert.base import TransformerBase
@@ -498,7 +499,7 @@ def _zeroed(stmt: cst.BaseStatement) -> list[str]:
     names = []
     for small in stmt.body:
         if isinstance(small, cst.Assign) and isinstance(small.value, (cst.Integer, cst.Float)) \
-                and small.value.evaluated_value == 0:
+                and literal_value(small.value) == 0:
             names.extend(t.target.value for t in small.targets
                          if isinstance(t.target, cst.Name))
     return names

@@ -23,7 +23,7 @@ from distify.convert.context import ConvertContext, _Scope
 from distify.convert.driver import handles, install
 from distify.convert.rewrites import REGISTRY
 from distify.convert.starts import StatementStarts
-from distify.convert.syntax import _callee, _code, _is_zero
+from distify.convert.syntax import _callee, _code, _is_zero, _spans_lines
 from distify.rules import RuleSet
 
 
@@ -206,6 +206,15 @@ class TransformerBase(cst.CSTTransformer):
                 self.ctx.first_lines[id(statement)] = len(code)
         width = len(self.ctx.indent_unit) * self.ctx.depth + self.ctx.first_lines[id(statement)]
         return width + growth > max(self.facts.longest_line, 79)
+
+    def _holds_line_break(self, node: cst.CSTNode, original: cst.CSTNode | None) -> bool:
+        """Does ``node``'s code hold a line break? Without a walk of its nodes when ``node`` is
+        ``original``, the node being left, unchanged (a node of the parsed module, inside the
+        statement line being left), and that line is written on one line."""
+        if node is original and self.starts is not None and self.ctx.statements \
+                and self.starts.one_line(self.ctx.statements[-1]):
+            return False
+        return _spans_lines(node)
 
     def _hanging(self, call: cst.Call) -> cst.Call:
         """The call with its arguments on the next line, one indent deeper (hanging indent)."""

@@ -23,6 +23,7 @@ from typing import Callable
 
 import libcst as cst
 
+from distify.analysis.literals import literal_value
 from distify.analysis.loaders import unwrapped
 from distify.analysis.names import dotted_name
 from distify.analysis.walk import walk
@@ -584,7 +585,7 @@ class DeviceMixin(TransformerBase):
                                     updated: cst.DictElement) -> cst.DictElement:
         """``{"device": "cuda:0", ...}`` (a config dict) → ``{"device": rt.device().type}``."""
         key = updated.key
-        if isinstance(key, cst.SimpleString) and key.evaluated_value in _DEVICE_SETTINGS:
+        if isinstance(key, cst.SimpleString) and literal_value(key) in _DEVICE_SETTINGS:
             return self._unless_skipped("device", updated, lambda: self._device_entry(updated))
         return updated
 

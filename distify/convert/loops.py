@@ -18,6 +18,7 @@ from collections import Counter
 import libcst as cst
 
 from distify.analysis.codemods import backward_through
+from distify.analysis.literals import literal_value
 from distify.analysis.loaders import unwrapped
 from distify.analysis.names import dotted_name
 from distify.analysis.walk import walk
@@ -488,7 +489,7 @@ class _PerSample(cst.CSTVisitor):
         for arg in node.args:
             if arg.keyword is not None and arg.keyword.value == "reduction" \
                     and isinstance(arg.value, cst.SimpleString) \
-                    and arg.value.evaluated_value == "sum":
+                    and literal_value(arg.value) == "sum":
                 self.found = True
 
     def visit_Subscript(self, node: cst.Subscript) -> None:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from distify.analysis.evaluation import loss_reduction
+from distify.analysis.literals import literal_value
 from distify.analysis.names import dotted_name
 from distify.analysis.walk import walk
 from distify.convert.base import TransformerBase
@@ -148,6 +149,6 @@ class _LossCalls(cst.CSTVisitor):
 
 
 def _keywords(call: cst.Call) -> dict[str, object]:
-    return {arg.keyword.value: (arg.value.evaluated_value
+    return {arg.keyword.value: (literal_value(arg.value)
                                 if isinstance(arg.value, cst.SimpleString) else arg.value)
             for arg in call.args if arg.keyword is not None}

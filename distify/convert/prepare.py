@@ -22,7 +22,6 @@ from distify.convert.syntax import (
     _parameter_roots,
     _shift_continuations,
     _single_target,
-    _spans_lines,
 )
 
 
@@ -55,14 +54,14 @@ class PrepareMixin(TransformerBase):
             if self.ctx.pending_models and models:
                 self.ctx.pending_models[-1].extend(models)
                 self._scope.prepared_models.update(models)
-            wrapped = self._wrap_prepare(updated)
+            wrapped = self._wrap_prepare(updated, original)
             self._edit(wrapped, "prepare-optimizer", "optimizer prepared (mixed-precision "
                        "loss scaling when enabled)")
             return wrapped
         if rules.match("schedulers", qual):
             if self._skipped("prepare-scheduler", updated):
                 return None
-            wrapped = self._wrap_prepare(updated)
+            wrapped = self._wrap_prepare(updated, original)
             self._edit(wrapped, "prepare-scheduler", "LR scheduler prepared: one step per call, "
                        "none after a skipped optimizer step")
             return wrapped
@@ -116,16 +115,19 @@ class PrepareMixin(TransformerBase):
         self._edit(new, "data-parallel", f"{qual}(...) → a plain call: DDP replaces it")
         return new
 
-    def _wrap_prepare(self, call: cst.Call) -> cst.Call:
-        """``rt.prepare(call)``. When that would push a one-line statement past the file's own
-        line length, the argument goes on the next line, indented, as one would by hand."""
+    def _wrap_prepare(self, call: cst.Call, original: cst.Call) -> cst.Call:
+        """``rt.prepare(call)`` (``original``: the call as written). When that would push a
+        one-line statement past the file's own line length, the argument goes on the next line,
+        indented, as one would by hand."""
         prefix = f"{self.rt}.prepare("
-        if _spans_lines(call) or not self._too_long(len(prefix) + 1):
+        if self._holds_line_break(call, original):
             return self._rt_call("prepare", _shift_continuations(call, len(prefix)))
+        if not self._too_long(len(prefix) + 1):
+            return self._rt_call("prepare", call)
         return self._hanging(cst.Call(func=self._rt_attr("prepare"), args=[cst.Arg(call)]))
 
     def _prepare_loader(self, original: cst.Call, updated: cst.Call) -> cst.Call:
-        wrapped = self._wrap_prepare(updated)
+        wrapped = self._wrap_prepare(updated, original)
         message = "DataLoader prepared: each process gets its own shard, reshuffled every epoch"
         self._edit(wrapped, "prepare-dataloader", message)
         positional = [a for a in original.args if a.keyword is None and not a.star]

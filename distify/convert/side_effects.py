@@ -44,6 +44,7 @@ from distify.analysis.effects import (
     writes_mode,
 )
 from distify.analysis.evaluation import is_eval_context
+from distify.analysis.literals import literal_value
 from distify.analysis.names import dotted_name
 from distify.analysis.stops import calls_in, local_callee
 from distify.analysis.walk import walk
@@ -58,7 +59,6 @@ from distify.convert.syntax import (
     _is_false,
     _is_rt_call,
     _shift_continuations,
-    _spans_lines,
     _with_trailing_comma,
 )
 
@@ -699,12 +699,15 @@ class SideEffectMixin(TransformerBase):
         push the line past the file's own line length."""
         func = self._rt_attr(name)
         delta = len(_code(func)) - len(_code(call.func))
-        if call.args and self._too_long(delta) and not _spans_lines(call):
+        breaks = self._holds_line_break(call, original)
+        if call.args and not breaks and self._too_long(delta):
             new = self._hanging(call.with_changes(func=func))
-        else:
+        elif breaks:
             new = _shift_continuations(call, delta, self._opening_column(original),
                                        self.ctx.depth * len(self.ctx.indent_unit))
             new = new.with_changes(func=func)
+        else:  # no continuation line to move
+            new = call.with_changes(func=func)
         self._edit(new, kind, message)
         return new
 
@@ -871,7 +874,7 @@ def _written_text(node: cst.BaseExpression) -> str | None:
             and node.func.attr.value == "format":
         return _written_text(node.func.value)
     if isinstance(node, cst.SimpleString):
-        value = node.evaluated_value
+        value = literal_value(node)
         return value if isinstance(value, str) else None
     if isinstance(node, cst.ConcatenatedString):
         left, right = _written_text(node.left), _written_text(node.right)

@@ -1,9 +1,12 @@
 """Where the parsed module's statement lines start in the source, read from the ``ast`` tree.
 
 A rewrite that lengthens a line asks how long the line is as written (``_too_long``: does the
-longer name still fit the file's own line length?). Generating the statement's code to measure
+longer name still fit the file's own line length?), and whether a call it renames or wraps holds a
+line break (its continuation lines then move with it). Generating the statement's code to measure
 its first line was the largest single cost left in the rewriting pass: hundreds of statements
-on a large script, each written out in full. The file model's statement list
+on a large script, each written out in full; after it, walking each renamed call's nodes for a
+line break (``print``, ``DataLoader``, ``torch.save``) that a one-line statement cannot hold.
+The file model's statement list
 (:class:`~distify.analysis.filemodel.Statements`, from the ``ast`` tree) knows where every
 statement starts; the two trees hold the same statements in the same order, so the k-th
 statement of one is the k-th of the other. That correspondence is checked statement by
@@ -45,9 +48,10 @@ class StatementStarts:
         self._statements = statements
         self._source = source
         self._module = module
-        #: id of a statement line → (1-based line, UTF-8 byte column) of its first statement;
-        #: None until built, empty when the trees could not be matched
-        self._starts: dict[int, tuple[int, int]] | None = None
+        #: id of a statement line → (1-based line, UTF-8 byte column) of its first statement,
+        #: and the line where its last statement ends; None until built, empty when the trees
+        #: could not be matched
+        self._starts: dict[int, tuple[int, int, int]] | None = None
         self._lines: list[str] = []
 
     def first_line(self, statement: cst.SimpleStatementLine) -> int | None:
@@ -68,7 +72,15 @@ class StatementStarts:
             return len(line) - start[1]
         return len(line.encode("utf-8")[start[1]:].decode("utf-8"))
 
-    def _build(self) -> dict[int, tuple[int, int]]:
+    def one_line(self, statement: cst.BaseSuite | cst.SimpleStatementLine) -> bool | None:
+        """Is ``statement`` written on one line, from its first token to its last (no line break
+        inside it, so none in any node it holds as written)? None when not known here."""
+        if self._starts is None:
+            self._starts = self._build()
+        start = self._starts.get(id(statement))
+        return None if start is None else start[0] == start[2]
+
+    def _build(self) -> dict[int, tuple[int, int, int]]:
         try:
             text = self._source.decode(self._module.encoding)
         except (LookupError, UnicodeDecodeError):
@@ -78,22 +90,25 @@ class StatementStarts:
             return {}
         self._lines = text.split("\n")
         theirs = [stmt for stmt in self._statements if isinstance(stmt, ast.stmt)]
-        lines: dict[int, int] = {}
+        lines: dict[int, tuple[int, int]] = {}
         ours = _cst_statements(self._module.body, [], lines)
         if len(ours) != len(theirs) or any(
                 not isinstance(other, _KINDS.get(type(mine), ())) for mine, other in
                 zip(ours, theirs)):
             return {}
-        return {key: (theirs[index].lineno, theirs[index].col_offset)
-                for key, index in lines.items()}
+        # the last statement of a line ends last: `a = f(\n); b = 1` ends where `b = 1` does
+        return {key: (theirs[first].lineno, theirs[first].col_offset, theirs[last].end_lineno)
+                for key, (first, last) in lines.items()}
 
 
-def _cst_statements(body, out: list[cst.CSTNode], lines: dict[int, int]) -> list[cst.CSTNode]:
+def _cst_statements(body, out: list[cst.CSTNode],
+                    lines: dict[int, tuple[int, int]]) -> list[cst.CSTNode]:
     """The LibCST statements in ``body``, in the order of the file model's (each small
-    statement of a line on its own); ``lines`` gets the index of each line's first one."""
+    statement of a line on its own); ``lines`` gets the indexes of each line's first and last
+    ones."""
     for stmt in body:
         if isinstance(stmt, cst.SimpleStatementLine):
-            lines[id(stmt)] = len(out)
+            lines[id(stmt)] = (len(out), len(out) + len(stmt.body) - 1)
             out.extend(stmt.body)
             continue
         out.append(stmt)
@@ -130,7 +145,8 @@ def _cst_statements(body, out: list[cst.CSTNode], lines: dict[int, int]) -> list
 _CST_TRY_STAR = (cst.TryStar,) if hasattr(cst, "TryStar") else ()
 
 
-def _cst_suite(suite: cst.BaseSuite, out: list[cst.CSTNode], lines: dict[int, int]) -> None:
+def _cst_suite(suite: cst.BaseSuite, out: list[cst.CSTNode],
+               lines: dict[int, tuple[int, int]]) -> None:
     if isinstance(suite, cst.IndentedBlock):
         _cst_statements(suite.body, out, lines)
     else:  # `if x: a; b`: the small statements of a one-line suite

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import libcst as cst
 
+from distify.analysis.literals import literal_value
 from distify.analysis.names import dotted_name, read_names
 from distify.analysis.walk import child_fields, is_node_type, walk
 
@@ -251,9 +252,9 @@ def _join(names: Sequence[str]) -> str:
 
 def _is_zero(node: cst.BaseExpression) -> bool:
     if isinstance(node, cst.Integer):
-        return node.evaluated_value == 0
+        return literal_value(node) == 0
     if isinstance(node, cst.Float):
-        return node.evaluated_value == 0.0
+        return literal_value(node) == 0.0
     return False
 
 
@@ -326,17 +327,17 @@ def _is_rt_call(node: cst.BaseExpression, rt: str, name: str) -> bool:
 
 def _is_device_string(node: cst.BaseExpression) -> bool:
     if isinstance(node, cst.SimpleString):
-        text = node.evaluated_value
+        text = literal_value(node)
         return isinstance(text, str) and text.split(":")[0] in _DEVICE_WORDS
     return False
 
 
 def _is_cpu(node: cst.BaseExpression) -> bool:
     if isinstance(node, cst.SimpleString):
-        return node.evaluated_value == "cpu"
+        return literal_value(node) == "cpu"
     return (isinstance(node, cst.Call) and len(node.args) == 1
             and isinstance(node.args[0].value, cst.SimpleString)
-            and node.args[0].value.evaluated_value == "cpu")
+            and literal_value(node.args[0].value) == "cpu")
 
 
 def _literal_args(call: cst.Call) -> bool:

@@ -1,0 +1,94 @@
+"""A conversion leaves nothing for the garbage collector but the odd literal LibCST evaluates:
+the trees, the analyses and the rewrite's bookkeeping are freed by reference counting as soon
+as the file is done.
+
+A reference cycle (an object holding its own bound methods, a recursive closure) kept a
+5,000-line file's training-flow scopes and their ``ast`` nodes alive until the collector ran,
+and a conversion turns the collector off while it works (``engine._no_collections``): the
+collection that followed cost 28 ms, 2.5% of the conversion."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from distify.convert.engine import convert_source
+from distify.errors import UserError
+
+FIXTURES = Path(__file__).parent / "fixtures"
+ROOT = Path(__file__).parent.parent
+
+
+def _left_for_the_collector(run: Callable[[], None]) -> list[object]:
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        run()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        found = list(gc.garbage)
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        if enabled:
+            gc.enable()
+    return found
+
+
+def _ours(garbage: list[object]) -> list[str]:
+    """What the garbage holds besides ``ast.literal_eval``'s own closures (LibCST's
+    ``evaluated_value`` of a string with escapes: four functions, their cells and tuples)."""
+    left = []
+    for thing in garbage:
+        kind = type(thing)
+        if kind.__name__ in ("cell", "tuple"):
+            continue
+        if kind.__name__ == "function" and thing.__qualname__.startswith("literal_eval.<locals>"):
+            continue
+        left.append(f"{kind.__module__}.{kind.__qualname__}"
+                    + (f" {thing.__qualname__}" if kind.__name__ == "function" else ""))
+    return left
+
+
+def test_converting_the_fixtures_leaves_no_cycle() -> None:
+    paths = sorted(FIXTURES.rglob("*.py"))
+
+    def convert_all() -> None:
+        for path in paths:
+            try:
+                convert_source(path.read_bytes(), str(path))
+            except UserError:
+                continue
+
+    convert_all()  # first imports and caches outside the measurement
+    assert _ours(_left_for_the_collector(convert_all)) == []
+
+
+def test_a_large_generated_script_leaves_nothing_at_all() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gen", ROOT / "benchmarks" / "gen_scripts.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    source = gen.generate(800).encode()
+    convert_source(source, "big.py")
+    assert _left_for_the_collector(lambda: convert_source(source, "big.py")) == []
+
+
+@pytest.mark.parametrize("case", ["cycle", "closure"])
+def test_the_check_sees_a_cycle(case: str) -> None:
+    """The measure itself: a cycle made on purpose is found."""
+    def make() -> None:
+        if case == "cycle":
+            holder: dict = {}
+            holder["self"] = holder
+        else:
+            def again(n: int) -> int:
+                return again(n - 1) if n else 0
+            again(1)
+
+    assert _left_for_the_collector(make)
