@@ -269,6 +269,9 @@ class FileContext:
         self._entries = self._walker.resolve_entries()
         for rule in rules:
             rule.finish()
+        # the walker and the rules refer back to this context: done with, they go now (freed
+        # with the file, not left in a cycle for the garbage collector)
+        self._walker = None
         suppressions = Suppressions(self.text, self._noqa_lines) if self.findings else None
         return [finding for finding, lines in zip(self.findings, self._noqa_lines)
                 if not suppressions.suppressed(finding.code, lines)]
@@ -287,14 +290,9 @@ class _Walker:
                 if prefix in ("visit", "leave") and hasattr(ast, node_type):
                     table = self.visitors if prefix == "visit" else self.leavers
                     table.setdefault(getattr(ast, node_type), []).append(getattr(rule, name))
-        self.special = {
-            ast.Module: self._module, ast.FunctionDef: self._function,
-            ast.AsyncFunctionDef: self._function, ast.If: self._if, ast.IfExp: self._if_exp,
-            ast.BoolOp: self._bool_op, ast.For: self._loop, ast.AsyncFor: self._loop,
-            ast.While: self._loop, ast.Return: self._exit, ast.Break: self._exit,
-            ast.Continue: self._exit, ast.Call: self._call, ast.Name: self._name,
-            ast.Attribute: self._attribute,
-        }
+        # plain functions of the class, called with the walker: its own bound methods kept
+        # here would make a cycle, and the file's tree and facts would wait for the collector
+        self.special = _SPECIAL
         # Leaf node types no rule visits are not walked into at all (literals are a third of
         # the nodes of a typical script).
         self.leaves = frozenset({ast.Constant} - set(self.visitors) - set(self.leavers))
@@ -337,7 +335,7 @@ class _Walker:
         handlers = self.visitors.get(type(node))
         special = self.special.get(type(node))
         if special is not None:
-            special(node, handlers)
+            special(self, node, handlers)
         else:
             if handlers:
                 for handler in handlers:
@@ -546,6 +544,17 @@ class _Walker:
             if not changed:
                 break
         return {func: frozenset(states or {EVERY}) for func, states in entries.items()}
+
+
+#: the node types the walker itself handles (its frames), each with its method
+_SPECIAL = {
+    ast.Module: _Walker._module, ast.FunctionDef: _Walker._function,
+    ast.AsyncFunctionDef: _Walker._function, ast.If: _Walker._if, ast.IfExp: _Walker._if_exp,
+    ast.BoolOp: _Walker._bool_op, ast.For: _Walker._loop, ast.AsyncFor: _Walker._loop,
+    ast.While: _Walker._loop, ast.Return: _Walker._exit, ast.Break: _Walker._exit,
+    ast.Continue: _Walker._exit, ast.Call: _Walker._call, ast.Name: _Walker._name,
+    ast.Attribute: _Walker._attribute,
+}
 
 
 def lint_source(source: bytes, path: str, options: LintOptions) -> FileResult:

@@ -34,13 +34,18 @@ def report_stops(rule: DataDependentCollective, rt: str) -> None:
         if isinstance(node, ast.stmt):
             statements.setdefault(node.lineno, node)
     reported = set()
-    for loop in shapes.nests:
-        for stop in find_stops(loop, context.nest):
-            line = positions[stop.node].start.line
-            node = statements.get(line)
-            if node is not None and line not in reported:  # a helper's, once
-                reported.add(line)
-                rule.report(node, context.message(stop))
+    try:
+        for loop in shapes.nests:
+            for stop in find_stops(loop, context.nest):
+                line = positions[stop.node].start.line
+                node = statements.get(line)
+                if node is not None and line not in reported:  # a helper's, once
+                    reported.add(line)
+                    rule.report(node, context.message(stop))
+    finally:
+        # the questions refer back to the context (its own methods): without them, it and
+        # the file's LibCST tree are freed now, not left in a cycle for the garbage collector
+        context.nest = None
 
 
 class _Shapes(cst.CSTVisitor):
