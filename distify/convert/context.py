@@ -119,6 +119,9 @@ class ConvertContext:
     #: expression → its qualified name (``nn.Linear`` → ``torch.nn.Linear``) or None: asked by
     #: several families of the same nodes (keyed by the node itself, which it keeps alive)
     quals: dict[cst.CSTNode, str | None] = field(default_factory=dict)
+    #: qualified name of a callee → may a rewrite of calls by name act on a call of it (see
+    #: ``DistifyTransformer._may_rewrite_call``)
+    call_names: dict[str, bool] = field(default_factory=dict)
 
     # ---------------------------------------------------------------- the statement being left
     #: the simple statements (lines, or one-line suites) being visited, innermost last

@@ -403,9 +403,13 @@ class DeviceMixin(TransformerBase):
     def _devices_on_module(self, node: cst.Module) -> None:
         self._devices = DeviceState()
 
+    def _devices_may_call(self, qual: str) -> bool:
+        """Can :meth:`_rewrite_device` act on a call of ``qual``?"""
+        return self.rules.match("device_selectors", qual) is not None
+
     def _rewrite_device(self, original: cst.Call, updated: cst.Call,
                         qual: str) -> cst.BaseExpression | None:
-        if not self.rules.match("device_selectors", qual):
+        if not self._devices_may_call(qual):
             return None
         if updated.args and self._chosen_by_flag(updated.args[0].value):
             return None  # torch.device("cpu" if not rt.device_choice(...) else rt.device().type)

@@ -24,8 +24,17 @@ from distify.convert.syntax import (
     _single_target,
 )
 
+#: the rule categories :meth:`PrepareMixin._rewrite_prepare` acts on
+_PREPARED = ("dataloaders", "data_parallel", "data_parallel_functions", "optimizers",
+             "schedulers")
+
 
 class PrepareMixin(TransformerBase):
+    def _prepare_may_call(self, qual: str) -> bool:
+        """Can :meth:`_rewrite_prepare` act on a call of ``qual``? (It acts only on the
+        callees of :data:`_PREPARED`.)"""
+        return any(self.rules.match(category, qual) is not None for category in _PREPARED)
+
     def _rewrite_prepare(self, original: cst.Call, updated: cst.Call,
                          qual: str) -> cst.BaseExpression | None:
         rules = self.rules

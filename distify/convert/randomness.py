@@ -79,6 +79,19 @@ class RandomnessMixin(TransformerBase):
         flow = self.ctx.draw_flow
         return flow is not None and id(self.ctx.leaving) in flow.fed_backwards
 
+    def _randomness_may_call(self, qual: str) -> bool:
+        """Can :meth:`_rewrite_random_draw` act on a call of ``qual``, unless the draw flow
+        marked that very call (see :meth:`_randomness_marked`)?"""
+        return qual in TORCH_LOOP_DRAWS or draw_family(qual) is not None \
+            or self.rules.match("random_splits", qual) is not None
+
+    def _randomness_marked(self, call: cst.Call) -> bool:
+        """Did the draw flow pick this call out (a per-process draw, an estimate to average)?"""
+        flow = self.ctx.draw_flow
+        key = id(call)
+        return flow is not None and (key in flow.eval_means or key in flow.batch_draws
+                                     or key in flow.loop_draws)
+
     def _rewrite_random_draw(self, original: cst.Call, updated: cst.Call,
                              qual: str) -> cst.BaseExpression | None:
         flow = self.ctx.draw_flow

@@ -74,6 +74,10 @@ _RUNTIME_REPLACEMENTS = (
 
 #: the builtin ``open`` under its names
 _OPENS = ("open", "io.open")
+#: the rule categories :meth:`SideEffectMixin._rewrite_side_effect_call` asks about a callee
+#: (its own, and those of ``_side_effect`` and the runtime's replacements)
+_CALL_CATEGORIES = ("grad_scalers", "progress_bars", "logging_setup", "timestamps",
+                    "side_effects", *(category for category, _, _ in _RUNTIME_REPLACEMENTS))
 
 
 def _normalised(node: cst.BaseExpression) -> str | None:
@@ -241,6 +245,22 @@ class SideEffectMixin(TransformerBase):
     def _side_effects_on_try(self, node: cst.Try) -> None:
         for handler in node.handlers:
             self._side_effects.handler_calls.update(_call_ids(handler.body))
+
+    def _side_effects_may_call(self, qual: str) -> bool:
+        """Can :meth:`_rewrite_side_effect_call` act on a call of ``qual`` (whatever its
+        arguments, apart from a ``download=`` keyword: see :meth:`_side_effects_may_download`)?
+        False only where each of its branches returns None and records nothing."""
+        rules = self.rules
+        return (qual == "print" or qual in _OPENS or _downloads_itself(rules, qual)
+                or qual in self._side_effects.trackers
+                or any(rules.match(category, qual) is not None for category in _CALL_CATEGORIES)
+                or _LOGGERISH.fullmatch(qual.rsplit(".", 1)[-1]) is not None)
+
+    def _side_effects_may_download(self, call: cst.Call) -> bool:
+        """A call that asks to download (``download=True``) in a run of statements grouped as
+        a download (its statement is marked, whatever the callee)."""
+        return bool(self.ctx.downloads) and any(
+            arg.keyword is not None and arg.keyword.value == "download" for arg in call.args)
 
     def _rewrite_side_effect_call(self, original: cst.Call, updated: cst.Call,
                                   qual: str) -> cst.BaseExpression | None:

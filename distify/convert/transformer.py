@@ -247,7 +247,7 @@ class DistifyTransformer(AccumulationMixin, BatchShapeMixin, CollectedMixin, Mod
     def _leave_call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
         self.ctx.leaving = original
         qual = self._qual(original.func)
-        if qual is not None:
+        if qual is not None and self._may_rewrite_call(original, qual):
             for rewrite in (self._rewrite_side_effect_call, self._rewrite_prepare,
                             self._rewrite_device):
                 replaced = rewrite(original, updated, qual)
@@ -260,6 +260,21 @@ class DistifyTransformer(AccumulationMixin, BatchShapeMixin, CollectedMixin, Mod
         if isinstance(original.func, cst.Attribute):
             return self._rewrite_method_call(original, updated)
         return updated
+
+    def _may_rewrite_call(self, call: cst.Call, qual: str) -> bool:
+        """Can a rewrite of calls by their callee's name (side effects, prepare, devices,
+        random draws) act on ``call``, a call of ``qual``? Most calls of a script are of names
+        none of them knows (``model(x)``, ``torch.cat``, ``len``): each would look the name up
+        in a dozen rule categories and return None, recording nothing. What their name decides
+        is asked once per name; what the call itself decides (a ``download=`` keyword, a draw
+        the draw flow picked out), every time. ``tests/test_call_pretest.py`` runs every
+        fixture with the full rewrites behind each False, to see that they change nothing."""
+        known = self.ctx.call_names.get(qual)
+        if known is None:
+            known = self.ctx.call_names[qual] = (
+                self._side_effects_may_call(qual) or self._prepare_may_call(qual)
+                or self._devices_may_call(qual) or self._randomness_may_call(qual))
+        return known or self._side_effects_may_download(call) or self._randomness_marked(call)
 
     def _rewrite_method_call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
         func = updated.func
