@@ -142,7 +142,7 @@ class _Finder(cst.CSTVisitor):
         scope.params = [p.name.value for p in (*params.posonly_params, *params.params)]
         for param in (*params.posonly_params, *params.params, *params.kwonly_params,
                       params.star_arg, params.star_kwarg):
-            if isinstance(param, cst.Param):
+            if type(param) is cst.Param:
                 scope.bound.add(param.name.value)
                 self._skip.add(id(param.name))
         if not self._in_class[-1]:  # a method is called on its object: not followed
@@ -168,7 +168,7 @@ class _Finder(cst.CSTVisitor):
         params = node.params
         for param in (*params.posonly_params, *params.params, *params.kwonly_params,
                       params.star_arg, params.star_kwarg):
-            if isinstance(param, cst.Param):
+            if type(param) is cst.Param:
                 self._skip.add(id(param.name))
 
     def leave_Lambda(self, original: cst.Lambda) -> None:
@@ -177,17 +177,17 @@ class _Finder(cst.CSTVisitor):
     def visit_Import(self, node: cst.Import) -> bool:
         for alias in node.names:
             name = alias.asname.name if alias.asname else alias.name
-            while isinstance(name, cst.Attribute):
+            while type(name) is cst.Attribute:
                 name = name.value
-            if isinstance(name, cst.Name):
+            if type(name) is cst.Name:
                 self.scope.bound.add(name.value)
         return False
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
-        if not isinstance(node.names, cst.ImportStar):
+        if type(node.names) is not cst.ImportStar:
             for alias in node.names:
                 name = alias.asname.name if alias.asname else alias.name
-                if isinstance(name, cst.Name):
+                if type(name) is cst.Name:
                     self.scope.bound.add(name.value)
         return False
 
@@ -202,7 +202,7 @@ class _Finder(cst.CSTVisitor):
         self._bind_target(node.target)
 
     def visit_AugAssign(self, node: cst.AugAssign) -> None:
-        if isinstance(node.target, cst.Name):  # read and written: not a plain use
+        if type(node.target) is cst.Name:  # read and written: not a plain use
             self._use(node.target.value, _OTHER, node)
             self._bind(node.target)
 
@@ -220,7 +220,7 @@ class _Finder(cst.CSTVisitor):
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
         self._skip.add(id(node.attr))
-        if isinstance(node.value, cst.Name) and node.attr.value in _LENGTH_ATTRS:
+        if type(node.value) is cst.Name and node.attr.value in _LENGTH_ATTRS:
             self._kinds[id(node.value)] = (_NEUTRAL, node)
 
     def visit_Arg(self, node: cst.Arg) -> None:
@@ -232,14 +232,14 @@ class _Finder(cst.CSTVisitor):
         self._skip.add(id(name))
 
     def _bind_target(self, target: cst.BaseExpression, bind: bool = True) -> None:
-        if isinstance(target, cst.Name):
+        if type(target) is cst.Name:
             if bind:
                 self.scope.bound.add(target.value)
             self._skip.add(id(target))
-        elif isinstance(target, (cst.Tuple, cst.List)):
+        elif type(target) in (cst.Tuple, cst.List):
             for element in target.elements:
                 self._bind_target(element.value, bind)
-        elif isinstance(target, cst.StarredElement):
+        elif type(target) is cst.StarredElement:
             self._bind_target(target.value, bind)
 
     # ------------------------------------------------------------ statements and loops
@@ -266,30 +266,30 @@ class _Finder(cst.CSTVisitor):
 
     # ------------------------------------------------------------ what is done with names
     def visit_Assign(self, node: cst.Assign) -> None:
-        if len(node.targets) != 1 or not isinstance(node.targets[0].target, cst.Name):
+        if len(node.targets) != 1 or type(node.targets[0].target) is not cst.Name:
             return
         name = node.targets[0].target.value
         value = node.value
         moved = _moved(value)
-        if isinstance(moved, cst.Name) and moved.value == name:
+        if type(moved) is cst.Name and moved.value == name:
             self._kinds[id(moved)] = (_NEUTRAL, node)  # `x = x.to(device)`: still the stream
         root = _root_name(value)
         if root is not None and root != name:
             self.scope.derived[name] = root
-        if isinstance(moved, cst.Call) and isinstance(moved.func, cst.Name):
+        if type(moved) is cst.Call and type(moved.func) is cst.Name:
             self.assigned.append((name, moved, self.scope))
             for arg in moved.args:  # `train_data = batchify(train_data, n)`: the old value
-                if isinstance(arg.value, cst.Name) and arg.value.value == name:
+                if type(arg.value) is cst.Name and arg.value.value == name:
                     self._kinds[id(arg.value)] = (_NEUTRAL, node)
 
     def visit_Subscript(self, node: cst.Subscript) -> None:
-        if isinstance(node.value, cst.Name) and any(
-                isinstance(element.slice, cst.Slice) for element in node.slice):
+        if type(node.value) is cst.Name and any(
+                type(element.slice) is cst.Slice for element in node.slice):
             self._kinds[id(node.value)] = (_SLICE, node)
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
-        if isinstance(func, cst.Attribute):
+        if type(func) is cst.Attribute:
             if func.attr.value == "backward":
                 loops = tuple(self.scope.loops)
                 for loop in loops:
@@ -298,19 +298,19 @@ class _Finder(cst.CSTVisitor):
             elif func.attr.value in RESHAPES:
                 self._reshape(node, func)
             return
-        if not isinstance(func, cst.Name):
+        if type(func) is not cst.Name:
             return
         if func.value == "len" and len(node.args) == 1:
             self._kinds[id(node.args[0].value)] = (_NEUTRAL, node)
             return
         for index, arg in enumerate(node.args):
-            if isinstance(arg.value, cst.Name) and not arg.star:
+            if type(arg.value) is cst.Name and not arg.star:
                 position = arg.keyword.value if arg.keyword is not None else index
                 self._kinds.setdefault(id(arg.value), (_ARG, node, func.value, position))
 
     def _reshape(self, node: cst.Call, func: cst.Attribute) -> None:
         values = [arg.value for arg in node.args]
-        if len(values) == 1 and isinstance(values[0], (cst.Tuple, cst.List)):
+        if len(values) == 1 and type(values[0]) in (cst.Tuple, cst.List):
             dims = [element.value for element in values[0].elements]
         elif all(arg.keyword is None and not arg.star for arg in node.args):
             dims = values
@@ -320,7 +320,7 @@ class _Finder(cst.CSTVisitor):
         if len(dims) != 2 or root is None:
             return
         for dim in dims:
-            if isinstance(dim, cst.Name) and dim.value in self.scope.params \
+            if type(dim) is cst.Name and dim.value in self.scope.params \
                     and dim.value != root:
                 self.scope.reshapes.append((root, dim.value))
 
@@ -483,22 +483,22 @@ def _index(call: cst.Call, arg: cst.Arg) -> int:
 
 def _moved(node: cst.BaseExpression) -> cst.BaseExpression:
     """``batchify(x, n)`` for ``batchify(x, n).to(device).contiguous()``."""
-    while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) \
+    while type(node) is cst.Call and type(node.func) is cst.Attribute \
             and node.func.attr.value in _MOVES:
         node = node.func.value
     return node
 
 
 def _is_shard_call(node: cst.BaseExpression) -> bool:
-    return isinstance(node, cst.Call) and \
+    return type(node) is cst.Call and \
         (dotted_name(node.func) or "").rsplit(".", 1)[-1] == SHARD_CALL
 
 
 def _root_name(node: cst.BaseExpression) -> str | None:
     """``data`` in ``data``, ``data[:n]``, ``data.narrow(0, 0, n).view(bsz, -1)``."""
-    while isinstance(node, (cst.Call, cst.Attribute, cst.Subscript)):
-        node = node.func if isinstance(node, cst.Call) else node.value
-    return node.value if isinstance(node, cst.Name) else None
+    while type(node) in (cst.Call, cst.Attribute, cst.Subscript):
+        node = node.func if type(node) is cst.Call else node.value
+    return node.value if type(node) is cst.Name else None
 
 
 def _code(node: cst.CSTNode) -> str:

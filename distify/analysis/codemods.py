@@ -80,7 +80,7 @@ def backward_through(call: cst.Call, runtime: cst.BaseExpression) -> cst.Call:
         runtime: what owns the new ``backward`` (``distify``, ``accelerator``).
     """
     loss = call.func.value
-    if not isinstance(loss, (cst.Tuple, cst.GeneratorExp)):  # their parentheses are theirs
+    if type(loss) not in (cst.Tuple, cst.GeneratorExp):  # their parentheses are theirs
         loss = loss.with_changes(lpar=[], rpar=[])
     return call.with_changes(func=cst.Attribute(value=runtime, attr=cst.Name("backward")),
                              args=[cst.Arg(loss), *call.args])

@@ -105,7 +105,7 @@ class _Finder(cst.CSTVisitor):
             self._open.append([])
         elif isinstance(node, (cst.BaseCompoundStatement, cst.SimpleStatementLine)):
             self._open[-1].append(node)
-        elif isinstance(node, cst.Call):
+        elif type(node) is cst.Call:
             self._see(node)
         return True
 
@@ -114,10 +114,10 @@ class _Finder(cst.CSTVisitor):
             self._open.pop()
         elif isinstance(original, (cst.BaseCompoundStatement, cst.SimpleStatementLine)):
             self._open[-1].pop()
-        if isinstance(original, (cst.Module, cst.IndentedBlock)) and any(
+        if type(original) in (cst.Module, cst.IndentedBlock) and any(
                 self.kinds.get(id(stmt)) == "fetch" for stmt in original.body):
             self.blocks.append(original.body)
-            if isinstance(original, cst.IndentedBlock):  # the statements around it hold it
+            if type(original) is cst.IndentedBlock:  # the statements around it hold it
                 self.holders.update(id(stmt) for stmt in self._open[-1] if _runs_more(stmt))
 
     def _see(self, call: cst.Call) -> None:
@@ -146,9 +146,9 @@ class _Finder(cst.CSTVisitor):
 def _runs_more(stmt: cst.CSTNode) -> bool:
     """Is ``stmt`` the script's ``if __name__ == "__main__":``, or does it train (a
     ``.backward(...)`` or ``.step(...)`` call in it)?"""
-    if isinstance(stmt, cst.If) and "__main__" in cst.Module([]).code_for_node(stmt.test):
+    if type(stmt) is cst.If and "__main__" in cst.Module([]).code_for_node(stmt.test):
         return True
-    return any(isinstance(call.func, cst.Attribute) and call.func.attr.value in ("backward", "step")
+    return any(type(call.func) is cst.Attribute and call.func.attr.value in ("backward", "step")
                for call in calls_in(stmt))
 
 
@@ -189,11 +189,11 @@ def _bound_names(statements: Sequence[cst.CSTNode]) -> set[str]:
 
 
 def _names(target: cst.CSTNode) -> set[str]:
-    if isinstance(target, cst.Name):
+    if type(target) is cst.Name:
         return {target.value}
-    if isinstance(target, (cst.Tuple, cst.List)):
+    if type(target) in (cst.Tuple, cst.List):
         return set().union(*(_names(e.value) for e in target.elements))
-    if isinstance(target, cst.StarredElement):
+    if type(target) is cst.StarredElement:
         return _names(target.value)
     return set()
 
@@ -203,10 +203,10 @@ def _leaves(stmt: cst.CSTNode) -> bool:
     stack: list[tuple[cst.CSTNode, bool]] = [(stmt, False)]
     while stack:
         node, in_loop = stack.pop()
-        if isinstance(node, (cst.Return, cst.Yield)) or \
-                (isinstance(node, (cst.Break, cst.Continue)) and not in_loop):
+        if type(node) in (cst.Return, cst.Yield) or \
+                (type(node) in (cst.Break, cst.Continue) and not in_loop):
             return True
         if not isinstance(node, _SCOPES):
-            inner = in_loop or isinstance(node, (cst.For, cst.While))
+            inner = in_loop or type(node) in (cst.For, cst.While)
             stack.extend((child, inner) for child in node.children)
     return False

@@ -92,7 +92,7 @@ class _Finder(cst.CSTVisitor):
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         scope = _ScopeInfo(node.name.value)
         scope.evaluates = any(
-            (dotted_name(d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator)
+            (dotted_name(d.decorator.func if type(d.decorator) is cst.Call else d.decorator)
              or "").rsplit(".", 1)[-1] in ("no_grad", "inference_mode")
             for d in node.decorators)
         self.scopes.append(scope)
@@ -145,7 +145,7 @@ class _Finder(cst.CSTVisitor):
         self.tests -= 1
 
     def visit_WithItem(self, node: cst.WithItem) -> None:
-        callee = node.item.func if isinstance(node.item, cst.Call) else node.item
+        callee = node.item.func if type(node.item) is cst.Call else node.item
         if (dotted_name(callee) or "").rsplit(".", 1)[-1] in ("no_grad", "inference_mode"):
             self.scopes[-1].evaluates = True
 
@@ -153,8 +153,7 @@ class _Finder(cst.CSTVisitor):
     def visit_Assign(self, node: cst.Assign) -> None:
         loops = self.open_loops[-1]
         for target in node.targets:
-            if isinstance(target.target, cst.Subscript) and isinstance(target.target.value,
-                                                                       cst.Name):
+            if type(target.target) is cst.Subscript and type(target.target.value) is cst.Name:
                 for loop in loops:
                     loop.fills.add(target.target.value.value)
 
@@ -163,13 +162,13 @@ class _Finder(cst.CSTVisitor):
         func = node.func
         name = dotted_name(func)
         last = name.rsplit(".", 1)[-1] if name else None
-        if isinstance(func, cst.Attribute) and func.attr.value == "backward":
+        if type(func) is cst.Attribute and func.attr.value == "backward":
             scope.has_backward = True
             for loop in loops:
                 loop.has_backward = True
             scope.backwards.append((node, loops))
             return
-        if isinstance(func, cst.Attribute) and func.attr.value == "eval" and not node.args:
+        if type(func) is cst.Attribute and func.attr.value == "eval" and not node.args:
             scope.evaluates = True
         if last == "reduce":  # already averaged (a converted script)
             self.reduced.update(id(arg.value) for arg in node.args)
@@ -180,13 +179,14 @@ class _Finder(cst.CSTVisitor):
             qual = self.imports.resolve(name)
             if qual in TORCH_LOOP_DRAWS and loops and not self.tests:
                 scope.loop_draws.append((node, loops))
-        if isinstance(func, cst.Name) or (isinstance(func, cst.Attribute) and isinstance(
-                func.value, cst.Name) and func.value.value in ("self", "cls")):
-            callee = func.value if isinstance(func, cst.Name) else func.attr.value
+        if type(func) is cst.Name or (type(func) is cst.Attribute
+                                      and type(func.value) is cst.Name
+                                      and func.value.value in ("self", "cls")):
+            callee = func.value if type(func) is cst.Name else func.attr.value
             scope.calls.append((callee, loops))
             for loop in loops:
                 loop.calls.add(callee)
-        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) \
+        if type(func) is cst.Attribute and type(func.value) is cst.Name \
                 and func.attr.value == "append" and len(node.args) == 1:
             for loop in loops:
                 loop.fills.add(func.value.value)
@@ -196,7 +196,7 @@ class _Finder(cst.CSTVisitor):
 
     def _family(self, node: cst.Call, name: str | None) -> str | None:
         func = node.func
-        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Call):
+        if type(func) is cst.Attribute and type(func.value) is cst.Call:
             helper = dotted_name(func.value.func) or ""
             kind = _CONVERTED.get(helper.rsplit(".", 1)[-1])
             if kind is not None:  # `distify.numpy_random().randint(...)`, converted already
@@ -206,12 +206,12 @@ class _Finder(cst.CSTVisitor):
     def _mean_of(self, node: cst.Call, name: str | None) -> str | None:
         """``losses`` in ``losses.mean()`` / ``np.mean(losses)`` / ``torch.mean(losses)``."""
         func = node.func
-        if isinstance(func, cst.Attribute) and func.attr.value == "mean" and not node.args \
-                and isinstance(func.value, cst.Name):
+        if type(func) is cst.Attribute and func.attr.value == "mean" and not node.args \
+                and type(func.value) is cst.Name:
             return func.value.value
         qual = self.imports.resolve(name)
         if qual in ("numpy.mean", "statistics.mean") and len(node.args) == 1 \
-                and isinstance(node.args[0].value, cst.Name):
+                and type(node.args[0].value) is cst.Name:
             return node.args[0].value.value
         return None
 

@@ -109,14 +109,14 @@ def _cst_argument(node: cst.BaseExpression, imports: ImportMap) -> Argument:
 
     from distify.analysis.literals import literal_value
 
-    if isinstance(node, (cst.SimpleString, cst.ConcatenatedString)):
+    if type(node) in (cst.SimpleString, cst.ConcatenatedString):
         value = literal_value(node)
         return Argument(constant=value) if isinstance(value, str) else Argument()
-    if isinstance(node, (cst.Integer, cst.Float)):
+    if type(node) in (cst.Integer, cst.Float):
         return Argument(constant=literal_value(node))
-    if isinstance(node, cst.Name) and node.value in ("True", "False", "None"):
+    if type(node) is cst.Name and node.value in ("True", "False", "None"):
         return Argument(constant={"True": True, "False": False, "None": None}[node.value])
-    if isinstance(node, cst.Call):
+    if type(node) is cst.Call:
         return Argument(call=imports.cst_loose_qualname(node.func))
     return Argument(dotted=imports.resolve(dotted_name(node)))
 

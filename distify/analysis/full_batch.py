@@ -90,11 +90,11 @@ class _Finder(cst.CSTVisitor):
     def _assign(self, target: cst.BaseExpression) -> None:
         self.assigned |= bound_names(target)
         root = target
-        while isinstance(root, (cst.Attribute, cst.Subscript)):
-            if isinstance(root, cst.Subscript):
+        while type(root) in (cst.Attribute, cst.Subscript):
+            if type(root) is cst.Subscript:
                 self._targets.add(id(root))
             root = root.value
-        if isinstance(root, cst.Name) and root is not target:
+        if type(root) is cst.Name and root is not target:
             self.assigned.add(root.value)  # `x[mask] = ...` changes x
 
     def visit_Subscript(self, node: cst.Subscript) -> None:
@@ -105,7 +105,7 @@ class _Finder(cst.CSTVisitor):
         name = dotted_name(node.func)
         if name in self.models:
             self.forwards.append(node)
-        reads = name == "next" or (isinstance(node.func, cst.Attribute)
+        reads = name == "next" or (type(node.func) is cst.Attribute
                                    and node.func.attr.value == "__next__")
         self.fed = self.fed or reads or draw_family(self.qual(node.func)) is not None
 
@@ -122,7 +122,7 @@ class _LocalCalls(cst.CSTVisitor):
         self.found = False
 
     def visit_Call(self, node: cst.Call) -> None:
-        self.found = self.found or isinstance(node.func, cst.Name)
+        self.found = self.found or type(node.func) is cst.Name
 
 
 def _calls_a_local_function(node: cst.CSTNode) -> bool:

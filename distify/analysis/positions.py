@@ -33,10 +33,10 @@ _ATOMS = frozenset({cst.Name, cst.Integer, cst.Float, cst.Imaginary})
 
 def start_line(node: cst.CSTNode) -> cst.CSTNode:
     """The node whose start is the syntactic start of ``node`` (past leading comment lines)."""
-    if isinstance(node, cst.SimpleStatementLine) and node.body:
+    if type(node) is cst.SimpleStatementLine and node.body:
         return node.body[0]
-    if isinstance(node, (cst.For, cst.While, cst.If)):
-        return node.target if isinstance(node, cst.For) else node.test
+    if type(node) in (cst.For, cst.While, cst.If):
+        return node.target if type(node) is cst.For else node.test
     return node
 
 

@@ -319,7 +319,7 @@ class FileFunctions:
         if name not in self._ending:
             self._ending[name] = False
             self._ending[name] = any(
-                isinstance(small, cst.Expr) and isinstance(small.value, cst.Call)
+                type(small) is cst.Expr and type(small.value) is cst.Call
                 and self.ends(small.value, is_exit)
                 for stmt in _top_statements(function.body) for small in stmt.body)
         return self._ending[name]
@@ -495,15 +495,15 @@ class _Walk:
         """Can ``node``'s value differ between processes here?"""
         if node is None:
             return False
-        if isinstance(node, cst.Name):
+        if type(node) is cst.Name:
             return node.value in self.varying
-        if isinstance(node, cst.Call):
+        if type(node) is cst.Call:
             return self._call_varies(node)
-        if isinstance(node, cst.Lambda):
+        if type(node) is cst.Lambda:
             return False
-        if isinstance(node, (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)):
+        if type(node) in (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp):
             return self._comprehension_varies(node)
-        if isinstance(node, cst.Attribute):
+        if type(node) is cst.Attribute:
             chain = dotted_name(node)
             if chain is not None:  # `self.iter_num`: its own value, or all of `self`'s
                 return any(part in self.varying for part in _prefixes(chain))
@@ -517,7 +517,7 @@ class _Walk:
                 and name[len(self.ctx.rt) + 1:] in _AGREED:
             return False
         args = [arg.value for arg in call.args]
-        if isinstance(func, cst.Attribute) and func.attr.value in _PURE_METHODS \
+        if type(func) is cst.Attribute and func.attr.value in _PURE_METHODS \
                 and not self._is_module(func.value):
             return self.varies(func.value) or any(self.varies(a) for a in args)
         qual = self.ctx.qual(func) or name
@@ -546,7 +546,7 @@ class _Walk:
         saved = set(self.varying)
         self.varying -= targets
         try:
-            parts = [node.key, node.value] if isinstance(node, cst.DictComp) else [node.elt]
+            parts = [node.key, node.value] if type(node) is cst.DictComp else [node.elt]
             return any(self.varies(part) for part in parts)
         finally:
             self.varying = saved
@@ -560,21 +560,21 @@ class _Walk:
         """``target = value``: names and attribute chains strongly (``self.loss = loss``
         leaves ``self.iter_num`` as it was), ``a[k] =`` weakly (``a`` may keep per-process
         parts)."""
-        chain = dotted_name(target) if isinstance(target, (cst.Name, cst.Attribute)) else None
+        chain = dotted_name(target) if type(target) in (cst.Name, cst.Attribute) else None
         if chain is not None:
             if varies:
                 self.varying.add(chain)
             else:
                 self.varying -= {n for n in self.varying
                                  if n == chain or n.startswith(f"{chain}.")}
-        elif isinstance(target, (cst.Tuple, cst.List)):
+        elif type(target) in (cst.Tuple, cst.List):
             for element in target.elements:
                 value = element.value
-                self.assign(value.value if isinstance(value, cst.StarredElement) else value,
+                self.assign(value.value if type(value) is cst.StarredElement else value,
                             varies)
-        elif isinstance(target, (cst.Subscript, cst.Attribute)):  # `a[k] =`, `f().b =`
+        elif type(target) in (cst.Subscript, cst.Attribute):  # `a[k] =`, `f().b =`
             root = _root_name(target)
-            if root is not None and (varies or (isinstance(target, cst.Subscript) and any(
+            if root is not None and (varies or (type(target) is cst.Subscript and any(
                     self.varies(element) for element in target.slice))):
                 self.varying.add(root)
 
@@ -589,7 +589,7 @@ class _Walk:
     def suite(self, suite: cst.BaseSuite | None, path: _Path) -> None:
         if suite is None:
             return
-        if isinstance(suite, cst.IndentedBlock):
+        if type(suite) is cst.IndentedBlock:
             self.depth += 1
             self.block(suite.body, path)
             self.depth -= 1
@@ -597,23 +597,23 @@ class _Walk:
             self.block([suite], path)
 
     def statement(self, stmt: cst.CSTNode, path: _Path) -> None:
-        if isinstance(stmt, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
+        if type(stmt) in (cst.SimpleStatementLine, cst.SimpleStatementSuite):
             for small in stmt.body:
                 self.small(small, path)
-        elif isinstance(stmt, cst.If):
+        elif type(stmt) is cst.If:
             self.if_(stmt, path)
-        elif isinstance(stmt, cst.For):
+        elif type(stmt) is cst.For:
             self.for_(stmt, path)
-        elif isinstance(stmt, cst.While):
+        elif type(stmt) is cst.While:
             self.while_(stmt, path)
-        elif isinstance(stmt, cst.With):
+        elif type(stmt) is cst.With:
             for item in stmt.items:
                 if item.asname is not None:
                     self.assign(item.asname.name, self.varies(item.item) or self._implicit(path))
             self.suite(stmt.body, path)
-        elif isinstance(stmt, (cst.Try, cst.TryStar)):
+        elif type(stmt) in (cst.Try, cst.TryStar):
             self.try_(stmt, path)
-        elif isinstance(stmt, cst.Match):
+        elif type(stmt) is cst.Match:
             branch = path.worse(f"it is inside `match {_code(stmt.subject)}:`, on a value that "
                                 "differs between processes") if self.varies(stmt.subject) else path
             self.branches([case.body for case in stmt.cases], branch)
@@ -627,24 +627,24 @@ class _Walk:
                 self.order.setdefault(id(small), len(self.order))
                 self.sites[id(small)] = _Site(small, call, path.bad, path.deps, self.depth)
         self.mutate(small, implicit)
-        if isinstance(small, cst.Assign):
+        if type(small) is cst.Assign:
             varies = self.varies(small.value) or implicit
             for target in small.targets:
                 self.assign(target.target, varies)
-        elif isinstance(small, cst.AnnAssign) and small.value is not None:
+        elif type(small) is cst.AnnAssign and small.value is not None:
             self.assign(small.target, self.varies(small.value) or implicit)
-        elif isinstance(small, cst.AugAssign):
+        elif type(small) is cst.AugAssign:
             self.assign(small.target, self.varies(small.target) or self.varies(small.value)
                         or implicit)
-        elif isinstance(small, cst.Continue):
+        elif type(small) is cst.Continue:
             if self.continued and implicit:
                 self.continued[-1] = self.continued[-1] or (
                     "it comes after a `continue` that only some processes may take")
-        elif isinstance(small, (cst.Break, cst.Return)):
-            self.bare_exit(small, path, "break" if isinstance(small, cst.Break) else "return")
-            if isinstance(small, cst.Return) and self.returns is not None:
+        elif type(small) in (cst.Break, cst.Return):
+            self.bare_exit(small, path, "break" if type(small) is cst.Break else "return")
+            if type(small) is cst.Return and self.returns is not None:
                 self.returns.append(small.value is None or self.varies(small.value) or implicit)
-        if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call) \
+        if type(small) is cst.Expr and type(small.value) is cst.Call \
                 and self._ends(small.value):
             self.bare_exit(small, path, "exit")
         elif self.stack:
@@ -682,13 +682,13 @@ class _Walk:
             func = call.func
             if dotted_name(func) == f"{self.ctx.rt}.reduce_meters":
                 for arg in call.args:
-                    if isinstance(arg.value, cst.Name):
+                    if type(arg.value) is cst.Name:
                         self.varying.discard(arg.value.value)
                 continue
-            if isinstance(func, cst.Name) and (func.value in _BUILTINS or not (
-                    isinstance(small, cst.Expr) and small.value is call)):
+            if type(func) is cst.Name and (func.value in _BUILTINS or not (
+                    type(small) is cst.Expr and small.value is call)):
                 continue  # `out = model(x)` is called for its result: the model is unchanged
-            receiver = func.value if isinstance(func, cst.Attribute) else func
+            receiver = func.value if type(func) is cst.Attribute else func
             root = _root_name(receiver)
             if root is None or root == self.ctx.rt or self.ctx.is_imported(root):
                 continue
@@ -721,7 +721,7 @@ class _Walk:
 
     def if_(self, node: cst.If, path: _Path) -> None:
         varies = self.varies(node.test)
-        else_suite = node.orelse.body if isinstance(node.orelse, cst.Else) else None
+        else_suite = node.orelse.body if type(node.orelse) is cst.Else else None
         leaving = _leaving(node.body, self._ends)
         keeps_going = False
         if not leaving and else_suite is not None:
@@ -779,7 +779,7 @@ class _Walk:
         elif varies:
             branch = path.worse(_branch_why(node.test))
         orelse = node.orelse
-        self.branches([node.body, orelse if isinstance(orelse, cst.If) else else_suite],
+        self.branches([node.body, orelse if type(orelse) is cst.If else else_suite],
                       branch)
 
     def _ends(self, call: cst.Call) -> bool:
@@ -826,9 +826,9 @@ class _Walk:
     def _operand(self, test: cst.BaseExpression) -> cst.BaseExpression | None:
         """The per-process side of one ordering comparison (``not`` around it allowed)."""
         core = test
-        while isinstance(core, cst.UnaryOperation) and isinstance(core.operator, cst.Not):
+        while type(core) is cst.UnaryOperation and type(core.operator) is cst.Not:
             core = core.expression
-        if not (isinstance(core, cst.Comparison) and len(core.comparisons) == 1
+        if not (type(core) is cst.Comparison and len(core.comparisons) == 1
                 and isinstance(core.comparisons[0].operator, _ORDERING)):
             return None
         left, right = core.left, core.comparisons[0].comparator
@@ -925,7 +925,7 @@ class _Walk:
             self.stack.append(info)
             self.continued.append(None)
             head()
-            self.block(node.body.body if isinstance(node.body, cst.IndentedBlock)
+            self.block(node.body.body if type(node.body) is cst.IndentedBlock
                        else [node.body], body_path)
             self.continued.pop()
             self.stack.pop()
@@ -996,13 +996,13 @@ class _TrainingCalls(cst.CSTVisitor):
 
 def _is_training_call(call: cst.Call, ctx: NestContext) -> bool:
     func = call.func
-    if isinstance(func, cst.Attribute) and func.attr.value == "backward":
+    if type(func) is cst.Attribute and func.attr.value == "backward":
         return True
     if dotted_name(func) == f"{ctx.rt}.backward":
         return True
-    if isinstance(func, cst.Name):
+    if type(func) is cst.Name:
         return func.value in ctx.training_functions
-    return (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name)
+    return (type(func) is cst.Attribute and type(func.value) is cst.Name
             and func.value.value in ("self", "cls")
             and func.attr.value in ctx.training_functions)
 
@@ -1017,11 +1017,11 @@ def _has_backward(stmt: cst.CSTNode, ctx: NestContext) -> bool:
 def _top_statements(body: cst.BaseSuite) -> Iterator[cst.CSTNode]:
     """The statements run on every pass through ``body``: its own, and those of its ``with``
     blocks."""
-    statements = body.body if isinstance(body, cst.IndentedBlock) else [body]
+    statements = body.body if type(body) is cst.IndentedBlock else [body]
     for stmt in statements:
-        if isinstance(stmt, cst.With):
+        if type(stmt) is cst.With:
             yield from _top_statements(stmt.body)
-        elif isinstance(stmt, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
+        elif type(stmt) in (cst.SimpleStatementLine, cst.SimpleStatementSuite):
             yield stmt
 
 
@@ -1030,19 +1030,19 @@ def _leaving(body: cst.BaseSuite, is_exit: Callable[[cst.Call], bool]) \
     """The statements of ``body`` itself that leave the loop: ``break``, ``return``, or a call
     ``is_exit`` accepts (``sys.exit(1)``), each with how it leaves; and ``continue``, which
     leaves the step."""
-    statements = body.body if isinstance(body, cst.IndentedBlock) else [body]
+    statements = body.body if type(body) is cst.IndentedBlock else [body]
     found = []
     for stmt in statements:
-        if not isinstance(stmt, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
+        if type(stmt) not in (cst.SimpleStatementLine, cst.SimpleStatementSuite):
             continue
         for small in stmt.body:
-            if isinstance(small, cst.Break):
+            if type(small) is cst.Break:
                 found.append((small, "break"))
-            elif isinstance(small, cst.Continue):
+            elif type(small) is cst.Continue:
                 found.append((small, "continue"))
-            elif isinstance(small, cst.Return):
+            elif type(small) is cst.Return:
                 found.append((small, "return"))
-            elif isinstance(small, cst.Expr) and isinstance(small.value, cst.Call) \
+            elif type(small) is cst.Expr and type(small.value) is cst.Call \
                     and is_exit(small.value):
                 found.append((small, "exit"))
     return found
@@ -1051,17 +1051,17 @@ def _leaving(body: cst.BaseSuite, is_exit: Callable[[cst.Call], bool]) \
 def _names_data(iterable: cst.BaseExpression) -> bool:
     """Is the loop over a name (``data``, ``self.loader``, ``enumerate(batches)``), which may
     hold a DataLoader, rather than over a literal or a ``range``/``count``?"""
-    while isinstance(iterable, cst.Call) and iterable.args and (
+    while type(iterable) is cst.Call and iterable.args and (
             is_loop_wrapper(callee := dotted_name(iterable.func)) or callee == "reversed"):
         iterable = iterable.args[0].value
-    return isinstance(iterable, (cst.Name, cst.Attribute, cst.Subscript))
+    return type(iterable) in (cst.Name, cst.Attribute, cst.Subscript)
 
 
 def _local_callee(func: cst.BaseExpression) -> str | None:
     """``evaluate`` for ``evaluate(...)`` and ``self.evaluate(...)``."""
-    if isinstance(func, cst.Name):
+    if type(func) is cst.Name:
         return func.value
-    if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) \
+    if type(func) is cst.Attribute and type(func.value) is cst.Name \
             and func.value.value in ("self", "cls"):
         return func.attr.value
     return None
@@ -1070,8 +1070,8 @@ def _local_callee(func: cst.BaseExpression) -> str | None:
 def _enumerate_index(node: cst.For) -> cst.BaseExpression | None:
     """``i`` in ``for i, (x, y) in enumerate(loader)``: a step count, not the batch."""
     it, target = node.iter, node.target
-    if isinstance(it, cst.Call) and dotted_name(it.func) == "enumerate" \
-            and isinstance(target, (cst.Tuple, cst.List)) and len(target.elements) == 2:
+    if type(it) is cst.Call and dotted_name(it.func) == "enumerate" \
+            and type(target) in (cst.Tuple, cst.List) and len(target.elements) == 2:
         return target.elements[0].value
     return None
 
@@ -1101,19 +1101,19 @@ def _calls(node: cst.CSTNode, definitions: bool = True) -> list[cst.Call]:
 
 def bound_names(target: cst.BaseExpression) -> set[str]:
     """The names an assignment target binds (``x``, ``x, (y, *z)``), not ``a.b``/``a[k]``."""
-    if isinstance(target, cst.Name):
+    if type(target) is cst.Name:
         return {target.value}
-    if isinstance(target, (cst.Tuple, cst.List)):
+    if type(target) in (cst.Tuple, cst.List):
         return set().union(*(bound_names(e.value) for e in target.elements))
-    if isinstance(target, cst.StarredElement):
+    if type(target) is cst.StarredElement:
         return bound_names(target.value)
     return set()
 
 
 def _root_name(node: cst.BaseExpression) -> str | None:
-    while isinstance(node, (cst.Attribute, cst.Subscript)):
+    while type(node) in (cst.Attribute, cst.Subscript):
         node = node.value
-    return node.value if isinstance(node, cst.Name) else None
+    return node.value if type(node) is cst.Name else None
 
 
 def _code(node: cst.CSTNode) -> str:
@@ -1122,11 +1122,11 @@ def _code(node: cst.CSTNode) -> str:
 
 def _head(node: cst.CSTNode) -> str:
     """A statement's first line, as the report names it (``for x, y in val_loader:``)."""
-    if isinstance(node, cst.For):
+    if type(node) is cst.For:
         return f"for {_code(node.target)} in {_code(node.iter)}:"
-    if isinstance(node, cst.While):
+    if type(node) is cst.While:
         return f"while {_code(node.test)}:"
-    if isinstance(node, cst.If):
+    if type(node) is cst.If:
         return f"if {_code(node.test)}:"
     return _code(node).strip().splitlines()[0]
 
@@ -1163,7 +1163,7 @@ def _chains(node: cst.CSTNode) -> set[str]:
     stack = [node]
     while stack:
         node = stack.pop()
-        chain = dotted_name(node) if isinstance(node, cst.Attribute) else None
+        chain = dotted_name(node) if type(node) is cst.Attribute else None
         if chain is not None:
             found.update(_prefixes(chain))
         else:
@@ -1180,7 +1180,7 @@ def _varying_parameters(function: cst.FunctionDef, call: cst.Call,
         return _parameters(function) if any(varies(a.value) for a in call.args) else set()
     params = function.params
     positional = [p.name.value for p in (*params.posonly_params, *params.params)]
-    if isinstance(call.func, cst.Attribute) and positional[:1] in (["self"], ["cls"]):
+    if type(call.func) is cst.Attribute and positional[:1] in (["self"], ["cls"]):
         positional = positional[1:]  # `self.check(x)`: x is the first after self
     names = {p.name.value for p in (*params.posonly_params, *params.params,
                                     *params.kwonly_params)}
@@ -1189,14 +1189,14 @@ def _varying_parameters(function: cst.FunctionDef, call: cst.Call,
         if varies(arg.value):
             if index < len(positional):
                 found.add(positional[index])
-            elif isinstance(params.star_arg, cst.Param):
+            elif type(params.star_arg) is cst.Param:
                 found.add(params.star_arg.name.value)
     for arg in call.args:
         if arg.keyword is not None and varies(arg.value):
             name = arg.keyword.value
             if name in names:
                 found.add(name)
-            elif isinstance(params.star_kwarg, cst.Param):
+            elif type(params.star_kwarg) is cst.Param:
                 found.add(params.star_kwarg.name.value)
     return found - {"self", "cls"}
 
@@ -1206,7 +1206,7 @@ def _parameters(function: cst.FunctionDef) -> set[str]:
     names = {p.name.value for p in (*params.posonly_params, *params.params,
                                     *params.kwonly_params)}
     for star in (params.star_arg, params.star_kwarg):
-        if isinstance(star, cst.Param):
+        if type(star) is cst.Param:
             names.add(star.name.value)
     return names - {"self", "cls"}
 
@@ -1222,19 +1222,19 @@ def _extreme(operand: cst.BaseExpression,
     ``torch.amax(x)``, ``max(values)``), ``"min"`` for a smallest one, else None: over the
     processes, the global batch's is the largest (smallest) of theirs."""
     node = operand
-    while isinstance(node, cst.Call):
+    while type(node) is cst.Call:
         func = node.func
-        if isinstance(func, cst.Attribute) and func.attr.value in _KEEPING:
+        if type(func) is cst.Attribute and func.attr.value in _KEEPING:
             node = func.value
             continue
-        if isinstance(func, cst.Name) and func.value in ("float", "int") and len(node.args) == 1:
+        if type(func) is cst.Name and func.value in ("float", "int") and len(node.args) == 1:
             node = node.args[0].value
             continue
         break
-    if not isinstance(node, cst.Call):
+    if type(node) is not cst.Call:
         return None
     func = node.func
-    if isinstance(func, cst.Attribute) and func.attr.value in _EXTREMES \
+    if type(func) is cst.Attribute and func.attr.value in _EXTREMES \
             and not any(arg.keyword is None or arg.keyword.value == "dim" for arg in node.args):
         return _EXTREMES[func.attr.value]  # whole-tensor `x.max()`, not `x.max(dim)`
     name = qual(func) or dotted_name(func) or ""
@@ -1317,7 +1317,7 @@ class _Work(cst.CSTVisitor):
 
     def visit_Call(self, node: cst.Call) -> bool:
         func = node.func
-        if self.found is None and isinstance(func, cst.Attribute):
+        if self.found is None and type(func) is cst.Attribute:
             name = func.attr.value
             if _is_step(node) or name in _WORK_METHODS or ".init." in _code(func) or (
                     name.endswith("_") and not name.startswith("_")
@@ -1326,7 +1326,7 @@ class _Work(cst.CSTVisitor):
         return self.found is None
 
     def visit_Assign(self, node: cst.Assign) -> None:
-        if any(not isinstance(t.target, cst.Name) and self._changes_weights(t.target)
+        if any(type(t.target) is not cst.Name and self._changes_weights(t.target)
                for t in node.targets):  # `p = p * 2` binds a new tensor; `p.data = ...` not
             self._found(node)
 
@@ -1339,10 +1339,10 @@ class _Work(cst.CSTVisitor):
             self.found = node
 
     def _changes_weights(self, node: cst.BaseExpression) -> bool:
-        if not isinstance(node, (cst.Attribute, cst.Subscript, cst.Name)):
+        if type(node) not in (cst.Attribute, cst.Subscript, cst.Name):
             return False
         return _root_name(node) in self.bound or (
-            not isinstance(node, cst.Name) and any(p in _code(node) for p in _WORK_PARTS))
+            type(node) is not cst.Name and any(p in _code(node) for p in _WORK_PARTS))
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
         return False
@@ -1355,11 +1355,11 @@ def _is_step(call: cst.Call) -> bool:
     """``optimizer.step()``, ``scaler.step(opt)``, ``self.optim.step()``,
     ``scheduler.step()``: skipped on some processes only, the replicas drift apart."""
     func = call.func
-    if not (isinstance(func, cst.Attribute) and func.attr.value == "step"):
+    if not (type(func) is cst.Attribute and func.attr.value == "step"):
         return False
     owner = func.value
-    name = owner.attr.value if isinstance(owner, cst.Attribute) else \
-        owner.value if isinstance(owner, cst.Name) else ""
+    name = owner.attr.value if type(owner) is cst.Attribute else \
+        owner.value if type(owner) is cst.Name else ""
     return any(part in name.lower() for part in ("opt", "scaler", "sched"))
 
 
@@ -1367,21 +1367,21 @@ def statement_calls(suite: cst.BaseSuite) -> list[cst.Call]:
     """The calls that make a statement of ``suite`` (nested blocks included, not nested
     ``def``/``class``): ``f(x)``, ``y = f(x)``, ``return f(x)``."""
     found: list[cst.Call] = []
-    statements = suite.body if isinstance(suite, cst.IndentedBlock) else [suite]
+    statements = suite.body if type(suite) is cst.IndentedBlock else [suite]
     for stmt in statements:
-        if isinstance(stmt, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
+        if type(stmt) in (cst.SimpleStatementLine, cst.SimpleStatementSuite):
             for small in stmt.body:
                 value = getattr(small, "value", None)
-                if isinstance(value, cst.Call):
+                if type(value) is cst.Call:
                     found.append(value)
-        elif isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+        elif type(stmt) in (cst.FunctionDef, cst.ClassDef):
             continue
         else:
             for block in (getattr(stmt, "body", None), getattr(stmt, "orelse", None),
                           getattr(stmt, "finalbody", None)):
-                if isinstance(block, cst.If):
+                if type(block) is cst.If:
                     found += statement_calls(cst.IndentedBlock(body=[block]))
-                elif isinstance(block, (cst.Else, cst.Finally)):
+                elif type(block) in (cst.Else, cst.Finally):
                     found += statement_calls(block.body)
                 elif isinstance(block, cst.BaseSuite):
                     found += statement_calls(block)

@@ -181,7 +181,7 @@ class AccumulationMixin(TransformerBase):
             return False
         facts = self.facts
         return any(_code(source) in facts.loader_iterators or (
-            isinstance(source, cst.Call) and dotted_name(source.func) == "iter"
+            type(source) is cst.Call and dotted_name(source.func) == "iter"
             and source.args and _code(source.args[0].value) in facts.loader_targets)
             for source in found.nexts)
 
@@ -205,7 +205,7 @@ class AccumulationMixin(TransformerBase):
         self._accumulation.micro_depth -= 1
         # the loop, maybe followed by lines another rewrite adds after it
         nodes = list(updated.nodes) if isinstance(updated, cst.FlattenSentinel) else [updated]
-        if not nodes or not isinstance(nodes[0], cst.For):
+        if not nodes or type(nodes[0]) is not cst.For:
             return updated
         loop = self._sync_last_micro_step(nodes[0], found)
         after = [self._mean_line(name, found) for name, where in found.sums.items()
@@ -255,7 +255,7 @@ class AccumulationMixin(TransformerBase):
         """Called by the driver's ``leave_If`` handler: the sums read only in this ``if`` are
         averaged at its top."""
         names = self._accumulation.reduce_at.get(id(original))
-        if not names or not isinstance(updated.body, cst.IndentedBlock):
+        if not names or type(updated.body) is not cst.IndentedBlock:
             return updated
         found = next(f for f in self._accumulation.micro_steps.values() if names[0] in f.sums)
         lines = [self._mean_line(name, found) for name in names]
@@ -266,7 +266,7 @@ class AccumulationMixin(TransformerBase):
     # ---------------------------------------------------------------- the count and counters
     @handles("leave_Assign")
     def _accumulation_after_assign(self, original: cst.Assign, updated: cst.Assign):
-        if not isinstance(updated, cst.Assign) or not self.ctx.statements:
+        if type(updated) is not cst.Assign or not self.ctx.statements:
             return updated
         line = self.ctx.statements[-1]
         known = self._accumulation.count_of_line.get(id(line))
@@ -353,12 +353,12 @@ class AccumulationMixin(TransformerBase):
 
 def _is_counter(assign: cst.Assign) -> bool:
     """``tokens_processed = ...``: one name about tokens or samples."""
-    return (len(assign.targets) == 1 and isinstance(assign.targets[0].target, cst.Name)
+    return (len(assign.targets) == 1 and type(assign.targets[0].target) is cst.Name
             and bool(_THROUGHPUT.search(assign.targets[0].target.value)))
 
 
 def _is_counter_line(line: cst.SimpleStatementLine) -> bool:
-    return any(isinstance(small, cst.Assign) and _is_counter(small) for small in line.body)
+    return any(type(small) is cst.Assign and _is_counter(small) for small in line.body)
 
 
 def _short(code: str, width: int = 40) -> str:
@@ -370,7 +370,7 @@ def _factors(node: cst.BaseExpression) -> list[str]:
     """The factors of a product, as code: ``B * T * n`` → ``["B", "T", "n"]``; [] for anything
     that is not a product at its top (``a * b + c``: multiplying it would change its sense)."""
     node = _strip_parens(node)
-    if not (isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply)):
+    if not (type(node) is cst.BinaryOperation and type(node.operator) is cst.Multiply):
         return []
     found: list[str] = []
     for side in (node.left, node.right):
@@ -398,7 +398,7 @@ class _MicroStepFinder(cst.CSTVisitor):
         self._look(node)
 
     def _look(self, outer: cst.For | cst.While) -> None:
-        if not isinstance(outer.body, cst.IndentedBlock):
+        if type(outer.body) is not cst.IndentedBlock:
             return
         body = list(outer.body.body)
         for index, stmt in enumerate(body):
@@ -414,8 +414,8 @@ class _MicroStepFinder(cst.CSTVisitor):
 def _micro_steps(stmt: cst.BaseStatement, outer: cst.For | cst.While) -> _MicroSteps | None:
     """``for micro_step in range(count):`` whose body calls backward, divides by ``count`` and
     steps nothing, in a loop body that steps an optimizer after it."""
-    if not (isinstance(stmt, cst.For) and isinstance(stmt.target, cst.Name)
-            and isinstance(stmt.iter, cst.Call) and dotted_name(stmt.iter.func) == "range"
+    if not (type(stmt) is cst.For and type(stmt.target) is cst.Name
+            and type(stmt.iter) is cst.Call and dotted_name(stmt.iter.func) == "range"
             and len(stmt.iter.args) == 1 and stmt.orelse is None):
         return None
     count = stmt.iter.args[0].value
@@ -444,7 +444,7 @@ class _MethodCalls(cst.CSTVisitor):
         self.nexts: list[cst.BaseExpression] = []
 
     def visit_Call(self, node: cst.Call) -> None:
-        if isinstance(node.func, cst.Attribute):
+        if type(node.func) is cst.Attribute:
             self.methods.add(node.func.attr.value)
             if node.func.attr.value == "backward":
                 self.backwards.add(id(node))
@@ -464,11 +464,11 @@ class _Divisions(cst.CSTVisitor):
         self.divisors: set[str] = set()
 
     def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
-        if isinstance(node.operator, cst.Divide):
+        if type(node.operator) is cst.Divide:
             self.divisors.add(_code(_strip_parens(node.right)))
 
     def visit_AugAssign(self, node: cst.AugAssign) -> None:
-        if isinstance(node.operator, cst.DivideAssign):
+        if type(node.operator) is cst.DivideAssign:
             self.divisors.add(_code(_strip_parens(node.value)))
 
 
@@ -494,14 +494,14 @@ def _loss_sums(loop: cst.For, before: list, after: list, outer: cst.For | cst.Wh
 
 
 def _zeroed(stmt: cst.BaseStatement) -> list[str]:
-    if not isinstance(stmt, cst.SimpleStatementLine):
+    if type(stmt) is not cst.SimpleStatementLine:
         return []
     names = []
     for small in stmt.body:
-        if isinstance(small, cst.Assign) and isinstance(small.value, (cst.Integer, cst.Float)) \
+        if type(small) is cst.Assign and type(small.value) in (cst.Integer, cst.Float) \
                 and literal_value(small.value) == 0:
             names.extend(t.target.value for t in small.targets
-                         if isinstance(t.target, cst.Name))
+                         if type(t.target) is cst.Name)
     return names
 
 
@@ -510,7 +510,7 @@ class _AddsTo(cst.CSTVisitor):
         self.added: dict[str, list[cst.BaseExpression]] = {}
 
     def visit_AugAssign(self, node: cst.AugAssign) -> None:
-        if isinstance(node.operator, cst.AddAssign) and isinstance(node.target, cst.Name):
+        if type(node.operator) is cst.AddAssign and type(node.target) is cst.Name:
             self.added.setdefault(node.target.value, []).append(node.value)
 
 
@@ -520,7 +520,7 @@ def _backward_receivers(body: cst.CSTNode) -> set[str]:
 
     class _Visitor(cst.CSTVisitor):
         def visit_Call(self, node: cst.Call) -> None:
-            if isinstance(node.func, cst.Attribute) and node.func.attr.value == "backward":
+            if type(node.func) is cst.Attribute and node.func.attr.value == "backward":
                 found.update(_names_in(node.func.value))
 
     walk(body, _Visitor())
@@ -534,7 +534,7 @@ def _read_in_one_if(name: str, loop: cst.For, after: list, outer: cst.For | cst.
     total = _count_name(module, name) if module is not None else 0
     own = _own_uses(loop, name)
     reading = [stmt for stmt in after if _count_name(stmt, name)]
-    if len(reading) != 1 or not isinstance(reading[0], cst.If):
+    if len(reading) != 1 or type(reading[0]) is not cst.If:
         return None
     test_if = reading[0]
     if _count_name(test_if.body, name) != total - own or _count_name(test_if.test, name):
@@ -572,7 +572,7 @@ def _assigned_in(body: cst.CSTNode) -> set[str]:
             found.update(_names_in(node.target))
 
         def visit_AugAssign(self, node: cst.AugAssign) -> None:
-            if not isinstance(node.value, (cst.Integer, cst.Float)):
+            if type(node.value) not in (cst.Integer, cst.Float):
                 found.update(_names_in(node.target))
 
         def visit_For(self, node: cst.For) -> None:
@@ -591,7 +591,7 @@ def _last_loss_lines(loop: cst.For, after: list, count: str) -> list[cst.SimpleS
     class _Visitor(cst.CSTVisitor):
         def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
             for small in node.body:
-                if isinstance(small, cst.Assign) and count in _factors(small.value) \
+                if type(small) is cst.Assign and count in _factors(small.value) \
                         and _names_in(small.value) & losses:
                     lines.append(node)
                     return
@@ -613,11 +613,11 @@ def _count_lines(module: cst.Module, counts: set[str]) -> dict[str, _Count]:
     class _Visitor(cst.CSTVisitor):
         def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
             for small in node.body:
-                if isinstance(small, cst.Assign):
+                if type(small) is cst.Assign:
                     for target in small.targets:
                         for name in _names_in(target.target) & counts:
                             lines.setdefault(name, []).append(node)
-                elif isinstance(small, (cst.AugAssign, cst.AnnAssign)):
+                elif type(small) in (cst.AugAssign, cst.AnnAssign):
                     changed.update(_names_in(small.target) & counts)
 
     walk(module, _Visitor())
@@ -626,8 +626,8 @@ def _count_lines(module: cst.Module, counts: set[str]) -> dict[str, _Count]:
         if len(where) != 1 or name in changed or len(where[0].body) != 1:
             continue
         assign = where[0].body[0]
-        if not (isinstance(assign, cst.Assign) and len(assign.targets) == 1
-                and isinstance(assign.targets[0].target, cst.Name)):
+        if not (type(assign) is cst.Assign and len(assign.targets) == 1
+                and type(assign.targets[0].target) is cst.Name):
             continue
         comment = where[0].trailing_whitespace.comment
         split = _has_floor_division(assign.value) or (
@@ -639,13 +639,13 @@ def _count_lines(module: cst.Module, counts: set[str]) -> dict[str, _Count]:
 
 def _has_floor_division(node: cst.BaseExpression) -> bool:
     node = _strip_parens(node)
-    return isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.FloorDivide)
+    return type(node) is cst.BinaryOperation and type(node.operator) is cst.FloorDivide
 
 
 def _is_number(node: cst.BaseExpression) -> bool:
     """``40``, ``5 * 8``: an integer written as literals."""
     node = _strip_parens(node)
-    if isinstance(node, cst.Integer):
+    if type(node) is cst.Integer:
         return True
-    return (isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply)
+    return (type(node) is cst.BinaryOperation and type(node.operator) is cst.Multiply
             and _is_number(node.left) and _is_number(node.right))

@@ -44,10 +44,10 @@ DISTRIBUTED = ("wrapped in DDP when running on several processes (or sharded, wh
 
 def _is_count_up(value: cst.BaseExpression, names: list[str]) -> bool:
     """``step = step + 1``: a counter, equal on every process (not data-dependent)."""
-    return (len(names) == 1 and isinstance(value, cst.BinaryOperation)
-            and isinstance(value.operator, (cst.Add, cst.Subtract))
-            and isinstance(value.left, cst.Name) and value.left.value == names[0]
-            and isinstance(value.right, (cst.Integer, cst.Float)))
+    return (len(names) == 1 and type(value) is cst.BinaryOperation
+            and type(value.operator) in (cst.Add, cst.Subtract)
+            and type(value.left) is cst.Name and value.left.value == names[0]
+            and type(value.right) in (cst.Integer, cst.Float))
 
 
 #: Whitespace, comments and the nodes that hold nothing else: a comma, a dot, an operator, a
@@ -188,7 +188,7 @@ class TransformerBase(cst.CSTTransformer):
         """Would the statement being rewritten exceed the file's line length if its first line
         grew by ``growth`` characters?"""
         statement = self.ctx.statements[-1] if self.ctx.statements else None
-        if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) > 1:
+        if type(statement) is not cst.SimpleStatementLine or len(statement.body) > 1:
             # none, a one-line suite, or `a = f(); b = g()`: a break there would read worse
             return False
         if id(statement) not in self.ctx.first_lines:
@@ -270,7 +270,7 @@ class TransformerBase(cst.CSTTransformer):
     @handles("visit_Module")
     def _base_on_module(self, node: cst.Module) -> None:
         self.ctx = ConvertContext(indent_unit=node.default_indent, top_level={
-            id(stmt): (index, isinstance(stmt, (cst.FunctionDef, cst.ClassDef)))
+            id(stmt): (index, type(stmt) in (cst.FunctionDef, cst.ClassDef))
             for index, stmt in enumerate(node.body)})
 
     @property
@@ -307,7 +307,7 @@ class TransformerBase(cst.CSTTransformer):
     def _note_loader_view(self, names: list[str] | set[str], value: cst.BaseExpression) -> None:
         """``bar = tqdm(train_loader)``, ``it = iter(loader)``, ``with tqdm(loader) as bar``: the
         names are views of the loader, and a loop over one is a loop over the loader."""
-        if isinstance(value, cst.Call) and is_loop_wrapper(self._qual(value.func)) \
+        if type(value) is cst.Call and is_loop_wrapper(self._qual(value.func)) \
                 and self._loaderish(value):
             source = dotted_name(unwrapped(value, self._qual))
             self._scope.loaders.update(names)
@@ -326,7 +326,7 @@ class TransformerBase(cst.CSTTransformer):
 
     def _iterates_a_loader(self, node: cst.BaseExpression) -> bool:
         """``iter(train_loader)``: an iterator over a DataLoader."""
-        return (isinstance(node, cst.Call) and dotted_name(node.func) == "iter"
+        return (type(node) is cst.Call and dotted_name(node.func) == "iter"
                 and len(node.args) == 1 and self._loaderish(node.args[0].value))
 
     def _draws_from_a_loader(self, call: cst.Call) -> bool:
@@ -334,7 +334,7 @@ class TransformerBase(cst.CSTTransformer):
         if dotted_name(call.func) != "next" or not call.args:
             return False
         source = call.args[0].value
-        if isinstance(source, cst.Name):
+        if type(source) is cst.Name:
             return any(source.value in scope.loader_iters for scope in self.ctx.scopes)
         return self._iterates_a_loader(source)
 
@@ -373,7 +373,7 @@ class TransformerBase(cst.CSTTransformer):
     def _holds_optimizer_state(self, node: cst.BaseExpression) -> bool:
         """Does ``node`` hold an optimizer's ``state_dict()`` (a training-state checkpoint:
         ``{"model": ..., "optimizer": optimizer.state_dict(), "epoch": epoch}``)?"""
-        if isinstance(node, cst.Name):
+        if type(node) is cst.Name:
             return node.value in self._scope.training_states
         optimizers = {name for by_scope in self.facts.training.optimizer_models.values()
                       for name in by_scope}
@@ -384,34 +384,34 @@ class TransformerBase(cst.CSTTransformer):
     @handles("visit_Assign")
     def _base_on_assign(self, node: cst.Assign) -> None:
         value = node.value
-        names = [t.target.value for t in node.targets if isinstance(t.target, cst.Name)]
+        names = [t.target.value for t in node.targets if type(t.target) is cst.Name]
         # a name bound anew (`model = torch.load(f)`) holds an object nobody prepared yet
         self._scope.prepared_models.difference_update(names)
-        if isinstance(value, cst.Call) and self.rules.match("dataloaders", self._qual(value.func)):
+        if type(value) is cst.Call and self.rules.match("dataloaders", self._qual(value.func)):
             self._scope.loaders.update(names)
-        if isinstance(value, cst.Call) and self.rules.match("samplers", self._qual(value.func)):
+        if type(value) is cst.Call and self.rules.match("samplers", self._qual(value.func)):
             self._scope.samplers.update(names)
         if _is_zero(value):
             self._scope.zero_inits.update(names)
             for loop in self.ctx.loops:
                 loop.resets.update(names)
-        if isinstance(value, cst.List) and not value.elements:
+        if type(value) is cst.List and not value.elements:
             self._scope.lists.update(names)
-        if isinstance(value, cst.Dict) and self._holds_optimizer_state(value):
+        if type(value) is cst.Dict and self._holds_optimizer_state(value):
             self._scope.training_states.update(names)
         if self._iterates_a_loader(value):
             self._scope.loader_iters.update(names)
         self._note_loader_view(names, value)
-        if isinstance(value, cst.Call) and self._qual(value.func) in MEMORY_FILES:
+        if type(value) is cst.Call and self._qual(value.func) in MEMORY_FILES:
             self._scope.buffers.update(names)
-        if isinstance(value, cst.Call) and (dotted_name(value.func) or "").endswith("Meter"):
+        if type(value) is cst.Call and (dotted_name(value.func) or "").endswith("Meter"):
             self._scope.meters.update(names)
         for target in node.targets:
-            if isinstance(target.target, cst.Tuple) and isinstance(value, cst.Tuple):
+            if type(target.target) is cst.Tuple and type(value) is cst.Tuple:
                 for elem, val in zip(target.target.elements, value.elements):
-                    if isinstance(elem.value, cst.Name) and _is_zero(val.value):
+                    if type(elem.value) is cst.Name and _is_zero(val.value):
                         self._scope.zero_inits.add(elem.value.value)
-                    if isinstance(elem.value, cst.Name) and isinstance(val.value, cst.List) \
+                    if type(elem.value) is cst.Name and type(val.value) is cst.List \
                             and not val.value.elements:
                         self._scope.lists.add(elem.value.value)
         if self.ctx.loops and not _is_count_up(value, names):
@@ -435,7 +435,7 @@ class _StateDictReceivers(cst.CSTVisitor):
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
-        if isinstance(func, cst.Attribute) and func.attr.value == "state_dict":
+        if type(func) is cst.Attribute and func.attr.value == "state_dict":
             name = dotted_name(func.value)
             if name is not None:
                 self.receivers.add(name)

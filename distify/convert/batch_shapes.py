@@ -155,7 +155,7 @@ class BatchShapeMixin(TransformerBase):
         loader, target = self._unwrap(node.iter, node.target)
         batch_size, why = self._configured_batch_size(loader)
         loop = _BatchLoop(node, len(self.ctx.scopes), batch_size, why)
-        if isinstance(target, cst.Name):
+        if type(target) is cst.Name:
             loop.roots.add(target.value)
         for name in _target_names(target) if target is not None else ():
             loop.leaves[name] = False
@@ -188,8 +188,8 @@ class BatchShapeMixin(TransformerBase):
         the batch."""
         loops = self._open_batch_loops()
         it = node.iter
-        if not loops or self._batch_shapes.lambdas or not isinstance(node.target, cst.Name) \
-                or not isinstance(it, cst.Call) or not isinstance(it.func, cst.Name) \
+        if not loops or self._batch_shapes.lambdas or type(node.target) is not cst.Name \
+                or type(it) is not cst.Call or type(it.func) is not cst.Name \
                 or it.func.value != "range" or "range" in self.facts.bound \
                 or len(it.args) != 1 or it.args[0].keyword or it.args[0].star:
             return
@@ -214,12 +214,12 @@ class BatchShapeMixin(TransformerBase):
     def _unwrap(self, iterated: cst.BaseExpression, target: cst.BaseExpression | None):
         """``enumerate(tqdm(loader))`` with ``i, (x, y)`` → ``loader`` and ``(x, y)``."""
         # not through `zip`: its target is a tuple of several iterables' items
-        while isinstance(iterated, cst.Call) and iterated.args \
+        while type(iterated) is cst.Call and iterated.args \
                 and is_loop_wrapper(self._qual(iterated.func), pairing=False):
             if iterated.args[0].keyword or iterated.args[0].star:
                 return None, None
             if self._qual(iterated.func) == "enumerate":
-                pair = target.elements if isinstance(target, (cst.Tuple, cst.List)) else ()
+                pair = target.elements if type(target) in (cst.Tuple, cst.List) else ()
                 target = pair[1].value if len(pair) == 2 else None
             iterated = iterated.args[0].value
         return iterated, target
@@ -236,7 +236,7 @@ class BatchShapeMixin(TransformerBase):
     @handles("visit_Attribute")
     def _batch_shapes_on_attribute(self, node: cst.Attribute) -> None:
         """``x.to(device)``, ``x.size(0)``: ``x`` holds a tensor."""
-        if self._batch_shapes.loops and isinstance(node.value, cst.Name) \
+        if self._batch_shapes.loops and type(node.value) is cst.Name \
                 and node.attr.value in _TENSOR_ATTRS:
             for loop in self._open_batch_loops():
                 if node.value.value in loop.leaves:
@@ -258,15 +258,15 @@ class BatchShapeMixin(TransformerBase):
     def _assigned(self, target: cst.BaseExpression, value: cst.BaseExpression) -> None:
         """``target = value`` in the loop: a batch tensor taken or lost, a batch size rebound."""
         loops = self._open_batch_loops()
-        if isinstance(target, (cst.Tuple, cst.List)):
+        if type(target) in (cst.Tuple, cst.List):
             names = [e.value for e in target.elements]
-            if isinstance(value, (cst.Tuple, cst.List)) and len(value.elements) == len(names):
+            if type(value) in (cst.Tuple, cst.List) and len(value.elements) == len(names):
                 for name, part in zip(names, value.elements):
                     self._assigned(name, part.value)
                 return
             bound = [n for e in names for n in _target_names(e)]
             for loop in loops:  # `x, y = batch`: the parts of a collated batch
-                whole = isinstance(value, cst.Name) and value.value in loop.roots \
+                whole = type(value) is cst.Name and value.value in loop.roots \
                     and not loop.leaves.get(value.value)
                 loop.shadowed.update(n for n in bound if self._is_batch_name(n, loop))
                 self._rebind(loop, bound, False if whole else None)
@@ -275,7 +275,7 @@ class BatchShapeMixin(TransformerBase):
         for loop in loops:
             if code is not None and self._is_batch_name(code, loop):
                 loop.shadowed.add(code)
-            if isinstance(target, cst.Name):
+            if type(target) is cst.Name:
                 self._rebind(loop, [target.value], self._derived(value, loop))
 
     def _rebind(self, loop: _BatchLoop, names: list[str], batch: bool | None) -> None:
@@ -291,22 +291,22 @@ class BatchShapeMixin(TransformerBase):
 
     def _derived(self, value: cst.BaseExpression, loop: _BatchLoop) -> bool | None:
         """Is ``value`` a tensor of the batch (True when seen as a tensor), or None?"""
-        if isinstance(value, cst.Name):
+        if type(value) is cst.Name:
             return loop.leaves.get(value.value)
-        if isinstance(value, cst.Subscript):  # batch[0], batch["image"] of a collated batch
+        if type(value) is cst.Subscript:  # batch[0], batch["image"] of a collated batch
             root = value.value
             index = value.slice[0].slice if len(value.slice) == 1 else None
-            if isinstance(root, cst.Name) and root.value in loop.roots \
-                    and not loop.leaves.get(root.value) and isinstance(index, cst.Index) \
-                    and isinstance(index.value, (cst.Integer, cst.SimpleString)):
+            if type(root) is cst.Name and root.value in loop.roots \
+                    and not loop.leaves.get(root.value) and type(index) is cst.Index \
+                    and type(index.value) in (cst.Integer, cst.SimpleString):
                 return False
             return None
-        if not isinstance(value, cst.Call):
+        if type(value) is not cst.Call:
             return None
         func = value.func
         if self._qual(func) in _VARIABLE and value.args:
             return self._derived(value.args[0].value, loop)
-        if not isinstance(func, cst.Attribute):
+        if type(func) is not cst.Attribute:
             return None
         keeps = func.attr.value in _KEEPS_BATCH or (
             func.attr.value in ("view", "reshape") and value.args
@@ -322,7 +322,7 @@ class BatchShapeMixin(TransformerBase):
     # ------------------------------------------------------------ the DataLoader
     def _configured_batch_size(self, loader: cst.BaseExpression | None) -> tuple[str | None, str]:
         """The batch size ``loader`` was built with, when this file shows it; else why not."""
-        if isinstance(loader, cst.Call) and self.rules.match("dataloaders",
+        if type(loader) is cst.Call and self.rules.match("dataloaders",
                                                              self._qual(loader.func)):
             builds = [_built(loader, tuple(self.ctx.path))]
         else:
@@ -349,7 +349,7 @@ class BatchShapeMixin(TransformerBase):
         code = dotted_name(loader) if loader is not None else None
         if code is None:
             return []
-        if isinstance(loader, cst.Attribute):  # self.train_loader: wherever it is built
+        if type(loader) is cst.Attribute:  # self.train_loader: wherever it is built
             return state.loaders_built.get((None, code), [])
         return state.loaders_built.get((self._binding(code, tuple(self.ctx.path)), code), [])
 
@@ -375,29 +375,29 @@ class BatchShapeMixin(TransformerBase):
     def _find_loaders(self, body, scope: tuple[str, ...]) -> None:
         """Record every ``name = DataLoader(...)`` by scope (statements only: cheap)."""
         for stmt in body:
-            if isinstance(stmt, cst.SimpleStatementLine):
+            if type(stmt) is cst.SimpleStatementLine:
                 for small in stmt.body:
-                    if isinstance(small, cst.Assign):
+                    if type(small) is cst.Assign:
                         for target in small.targets:
                             self._loader_assignment(target.target, small.value, scope)
-                    elif isinstance(small, (cst.AnnAssign, cst.AugAssign)):
+                    elif type(small) in (cst.AnnAssign, cst.AugAssign):
                         self._batch_shapes.assigned_in.setdefault(scope, set()).update(
                             _target_names(small.target))
                 continue
             inner = scope
-            if isinstance(stmt, cst.ClassDef):
+            if type(stmt) is cst.ClassDef:
                 inner = (*scope, stmt.name.value)
                 self._batch_shapes.class_scopes.add(inner)
-            elif isinstance(stmt, cst.FunctionDef):
+            elif type(stmt) is cst.FunctionDef:
                 inner = (*scope, stmt.name.value)
                 params = stmt.params
                 self._batch_shapes.assigned_in.setdefault(inner, set()).update(
                     p.name.value for p in (*params.posonly_params, *params.params,
                                            *params.kwonly_params))
                 for star in (params.star_arg, params.star_kwarg):
-                    if isinstance(star, cst.Param):
+                    if type(star) is cst.Param:
                         self._batch_shapes.assigned_in[inner].add(star.name.value)
-            if isinstance(stmt, cst.For):
+            if type(stmt) is cst.For:
                 self._batch_shapes.assigned_in.setdefault(scope, set()).update(
                     _target_names(stmt.target))
             for suite in _suites(stmt):
@@ -405,17 +405,17 @@ class BatchShapeMixin(TransformerBase):
 
     def _loader_assignment(self, target: cst.BaseExpression, value: cst.BaseExpression,
                            scope: tuple[str, ...]) -> None:
-        if isinstance(target, (cst.Tuple, cst.List)) and isinstance(value, (cst.Tuple, cst.List)) \
+        if type(target) in (cst.Tuple, cst.List) and type(value) in (cst.Tuple, cst.List) \
                 and len(target.elements) == len(value.elements):
             for part, val in zip(target.elements, value.elements):
                 self._loader_assignment(part.value, val.value, scope)
             return
         self._batch_shapes.assigned_in.setdefault(scope, set()).update(_target_names(target))
         code = dotted_name(target)
-        if code is None or not isinstance(value, cst.Call) or not self._may_be_loader(value) \
+        if code is None or type(value) is not cst.Call or not self._may_be_loader(value) \
                 or not self.rules.match("dataloaders", self._qual(value.func)):
             return
-        key = (None, code) if isinstance(target, cst.Attribute) else (scope, code)
+        key = (None, code) if type(target) is cst.Attribute else (scope, code)
         self._batch_shapes.loaders_built.setdefault(key, []).append(_built(value, scope))
 
     def _may_be_loader(self, call: cst.Call) -> bool:
@@ -426,8 +426,8 @@ class BatchShapeMixin(TransformerBase):
         if any(not n.isidentifier() for n in state.loader_names):  # a pattern: no shortcut
             return True
         func = call.func
-        name = func.attr if isinstance(func, cst.Attribute) else func
-        return isinstance(name, cst.Name) and name.value in state.loader_names
+        name = func.attr if type(func) is cst.Attribute else func
+        return type(name) is cst.Name and name.value in state.loader_names
 
     def _all_batch_sizes(self) -> set[str]:
         """The batch sizes of every DataLoader built in the file."""
@@ -483,7 +483,7 @@ class BatchShapeMixin(TransformerBase):
         """``nn.Parameter(torch.randn(batch_size, 1, d))``: a learned tensor sized by the
         configured batch size (a token concatenated with the batch) cannot follow the batch."""
         inner = call.args[0].value
-        shape = self._shape_of(inner) if isinstance(inner, cst.Call) else None
+        shape = self._shape_of(inner) if type(inner) is cst.Call else None
         if shape is None or shape[0] is None or shape[1]:
             return
         name = _code(_at(inner, shape[0]))
@@ -520,11 +520,11 @@ class BatchShapeMixin(TransformerBase):
                 sized = 0 if args and not args[0].keyword else None
             elif sized is None:
                 sized = next((i for i, a in enumerate(args) if not a.keyword
-                              and isinstance(a.value, (cst.Tuple, cst.List))), None)
-        elif isinstance(call.func, cst.Attribute) and not (qual or "").startswith(
+                              and type(a.value) in (cst.Tuple, cst.List)), None)
+        elif type(call.func) is cst.Attribute and not (qual or "").startswith(
                 ("torch.", "numpy.")) and call.func.attr.value in _SIZED_METHODS:
             sized = 0 if args and not args[0].keyword else None
-        elif isinstance(call.func, cst.Attribute) and call.func.attr.value in _REPORTED_METHODS:
+        elif type(call.func) is cst.Attribute and call.func.attr.value in _REPORTED_METHODS:
             return None, True
         else:
             return None
@@ -534,8 +534,8 @@ class BatchShapeMixin(TransformerBase):
 
     def _batch_tensor(self, call: cst.Call, loop: _BatchLoop) -> str | None:
         """The name of a tensor whose leading dimension is this loop's batch."""
-        receiver = call.func.value if isinstance(call.func, cst.Attribute) else None
-        if isinstance(receiver, cst.Name) and receiver.value in loop.leaves \
+        receiver = call.func.value if type(call.func) is cst.Attribute else None
+        if type(receiver) is cst.Name and receiver.value in loop.leaves \
                 and call.func.attr.value in ("view", "reshape", "expand"):
             return receiver.value  # `x.view(batch_size, -1)`: x is a tensor
         return next((name for name, tensor in loop.leaves.items() if tensor), None)
@@ -568,13 +568,13 @@ class _Indexed(cst.CSTVisitor):
         self.bound: set[str] = set()
 
     def visit_Subscript(self, node: cst.Subscript) -> None:
-        if not isinstance(node.value, cst.Name) or node.value.value not in self.leaves \
+        if type(node.value) is not cst.Name or node.value.value not in self.leaves \
                 or not node.slice:
             return
         first = node.slice[0].slice
-        key = first.value if isinstance(first, cst.Index) else \
-            first.lower if isinstance(first, cst.Slice) else None
-        if isinstance(key, cst.Name) and key.value == self.index:
+        key = first.value if type(first) is cst.Index else \
+            first.lower if type(first) is cst.Slice else None
+        if type(key) is cst.Name and key.value == self.index:
             self.indexed.append(node.value.value)
 
     def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
@@ -601,9 +601,9 @@ def _size_of(name: str) -> cst.Call:
 
 def _first_of(arg: cst.Arg, index: int) -> tuple[int, int | None] | None:
     """The leading dimension of a shape given as ``arg``: itself, or a sequence's first."""
-    if isinstance(arg.value, (cst.Tuple, cst.List)):
+    if type(arg.value) in (cst.Tuple, cst.List):
         elements = arg.value.elements
-        return (index, 0) if elements and isinstance(elements[0], cst.Element) else None
+        return (index, 0) if elements and type(elements[0]) is cst.Element else None
     return index, None
 
 
@@ -620,7 +620,7 @@ def _replace_at(call: cst.Call, path: tuple[int, int | None],
     arg = args[index]
     if element is None:
         args[index] = arg.with_changes(value=new)
-    elif isinstance(arg.value, (cst.Tuple, cst.List)):
+    elif type(arg.value) in (cst.Tuple, cst.List):
         elements = list(arg.value.elements)
         elements[element] = elements[element].with_changes(value=new)
         args[index] = arg.with_changes(value=arg.value.with_changes(elements=elements))
@@ -631,11 +631,11 @@ def _replace_at(call: cst.Call, path: tuple[int, int | None],
 
 def _target_names(target: cst.BaseExpression) -> list[str]:
     """The plain names a target binds, in order (``i, (x, y)`` → i, x, y)."""
-    if isinstance(target, cst.Name):
+    if type(target) is cst.Name:
         return [target.value]
-    if isinstance(target, (cst.Tuple, cst.List)):
+    if type(target) in (cst.Tuple, cst.List):
         return [n for e in target.elements for n in _target_names(e.value)]
-    if isinstance(target, cst.StarredElement):
+    if type(target) is cst.StarredElement:
         return _target_names(target.value)
     return []
 
@@ -644,12 +644,12 @@ def _suites(stmt: cst.CSTNode):
     """The statement lists directly inside a compound statement."""
     for name in ("body", "orelse", "finalbody"):
         part = getattr(stmt, name, None)
-        if isinstance(part, cst.SimpleStatementSuite):  # `if cond: loader = DataLoader(...)`
+        if type(part) is cst.SimpleStatementSuite:  # `if cond: loader = DataLoader(...)`
             yield [cst.SimpleStatementLine(body=part.body)]
         elif isinstance(part, cst.BaseSuite):
             yield part.body
-        elif isinstance(part, (cst.If, cst.Else, cst.Finally)):
-            yield from _suites(part) if isinstance(part, cst.If) else (part.body.body,)
+        elif type(part) in (cst.If, cst.Else, cst.Finally):
+            yield from _suites(part) if type(part) is cst.If else (part.body.body,)
     for handler in getattr(stmt, "handlers", ()):
         yield handler.body.body
 

@@ -99,10 +99,10 @@ class StreamShardMixin(TransformerBase):
 
 def _plain(node: cst.BaseExpression) -> bool:
     """A name, ``args.batch_size``, ``cfg["bsz"]``, a number: read twice, the same value."""
-    if isinstance(node, cst.Integer):
+    if type(node) is cst.Integer:
         return True
-    if isinstance(node, cst.Subscript):
-        return _plain(node.value) and len(node.slice) == 1 and isinstance(
-            node.slice[0].slice, cst.Index) and isinstance(
-            node.slice[0].slice.value, (cst.SimpleString, cst.Integer))
+    if type(node) is cst.Subscript:
+        return _plain(node.value) and len(node.slice) == 1 \
+            and type(node.slice[0].slice) is cst.Index \
+            and type(node.slice[0].slice.value) in (cst.SimpleString, cst.Integer)
     return dotted_name(node) is not None

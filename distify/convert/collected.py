@@ -59,24 +59,24 @@ class CollectedMixin(TransformerBase):
         tallies = self._scope_tallies()
         pairs = [(t.target, node.value) for t in node.targets]
         for target in node.targets:  # `matches, totals = [0] * n, [0] * n`
-            if isinstance(target.target, cst.Tuple) and isinstance(node.value, cst.Tuple) \
+            if type(target.target) is cst.Tuple and type(node.value) is cst.Tuple \
                     and len(target.target.elements) == len(node.value.elements):
                 pairs += [(e.value, v.value) for e, v in zip(target.target.elements,
                                                              node.value.elements)]
-            elif isinstance(target.target, cst.Tuple) and self.ctx.loops:
+            elif type(target.target) is cst.Tuple and self.ctx.loops:
                 # `inputs, labels = batch`: the batch's own values, per sample
                 self.ctx.loops[-1].unpacked.update(
-                    e.value.value for e in target.target.elements if isinstance(e.value, cst.Name))
+                    e.value.value for e in target.target.elements if type(e.value) is cst.Name)
         for target, value in pairs:
-            if isinstance(target, cst.Name) and _is_empty_list(value):  # `refs = list()`
+            if type(target) is cst.Name and _is_empty_list(value):  # `refs = list()`
                 self._scope.lists.add(target.value)
-            if isinstance(target, cst.Name):  # where each list starts empty, as for tallies
+            if type(target) is cst.Name:  # where each list starts empty, as for tallies
                 key = f"list:{target.value}"
-                if _is_empty_list(value) or (isinstance(value, cst.List) and not value.elements):
+                if _is_empty_list(value) or (type(value) is cst.List and not value.elements):
                     tallies[key] = tuple(id(loop) for loop in self.ctx.loops)
                 else:
                     tallies.pop(key, None)
-            if isinstance(target, cst.Name):
+            if type(target) is cst.Name:
                 if self._zero_container(value):
                     tallies[target.value] = tuple(id(loop) for loop in self.ctx.loops)
                 else:
@@ -88,8 +88,8 @@ class CollectedMixin(TransformerBase):
         if not self.ctx.loops:
             return
         name = _subscripted(node.target)
-        whole = isinstance(node.target, cst.Name) and node.target.value
-        adds = isinstance(node.operator, cst.AddAssign)
+        whole = type(node.target) is cst.Name and node.target.value
+        adds = type(node.operator) is cst.AddAssign
         if name is None and not (whole and adds and whole in self._scope_tallies()):
             return
         name = name or whole
@@ -111,19 +111,19 @@ class CollectedMixin(TransformerBase):
         ``np.zeros(...)``, ``torch.zeros(...)``, ``{c: 0 for c in classes}``,
         ``dict.fromkeys(classes, 0)``, ``defaultdict(int)``, ``Counter()``."""
         value = _strip_parens(value)
-        if isinstance(value, cst.List):
+        if type(value) is cst.List:
             return bool(value.elements) and all(
                 _is_zero(e.value) or self._zero_container(e.value) for e in value.elements)
-        if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Multiply):
+        if type(value) is cst.BinaryOperation and type(value.operator) is cst.Multiply:
             return self._zero_container(value.left) or self._zero_container(value.right)
-        if isinstance(value, (cst.ListComp, cst.GeneratorExp)):
+        if type(value) in (cst.ListComp, cst.GeneratorExp):
             return _is_zero(value.elt) or self._zero_container(value.elt)
-        if isinstance(value, cst.DictComp):
+        if type(value) is cst.DictComp:
             return _is_zero(value.value)
-        if isinstance(value, cst.Dict):
+        if type(value) is cst.Dict:
             return bool(value.elements) and all(
-                isinstance(e, cst.DictElement) and _is_zero(e.value) for e in value.elements)
-        if not isinstance(value, cst.Call):
+                type(e) is cst.DictElement and _is_zero(e.value) for e in value.elements)
+        if type(value) is not cst.Call:
             return False
         qual = self._qual(value.func) or dotted_name(value.func)
         args = [a.value for a in value.args]
@@ -167,8 +167,8 @@ class CollectedMixin(TransformerBase):
         loops = [loop for loop in self.ctx.loops if loop.loaderish]
         value = updated.value
         if not (loops and loops[-1] is self.ctx.loops[-1] and self._in_eval()
-                and len(original.targets) == 1 and isinstance(original.targets[0].target, cst.Name)
-                and isinstance(value, cst.Call) and value.args
+                and len(original.targets) == 1 and type(original.targets[0].target) is cst.Name
+                and type(value) is cst.Call and value.args
                 and self._qual(value.func) in _GROWERS):
             return updated
         loop, name = loops[-1], original.targets[0].target.value
@@ -308,25 +308,25 @@ def _tally_message(name: str, added: cst.BaseExpression, evaluating: bool) -> st
 def _counts_samples(value: cst.BaseExpression) -> bool:
     """``1``, ``c[i].item()``, ``(p == t).sum().item()``, ``np.bincount(...)``: per-sample."""
     value = _strip_parens(value)
-    if isinstance(value, (cst.Integer, cst.Float, cst.Subscript)):
+    if type(value) in (cst.Integer, cst.Float, cst.Subscript):
         return True
     code = _code(value)
     return any(part in code for part in ("[i]", ".sum(", "bincount", "confusion_matrix")) or (
-        isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute)
-        and value.func.attr.value == "item" and isinstance(value.func.value, cst.Subscript))
+        type(value) is cst.Call and type(value.func) is cst.Attribute
+        and value.func.attr.value == "item" and type(value.func.value) is cst.Subscript)
 
 
 def _is_empty_list(value: cst.BaseExpression) -> bool:
-    return isinstance(value, cst.Call) and dotted_name(value.func) == "list" and not value.args
+    return type(value) is cst.Call and dotted_name(value.func) == "list" and not value.args
 
 
 def _subscripted(target: cst.BaseExpression) -> str | None:
     """``x`` of ``x[i]``, ``x[t, p]``, ``x[t][p]``."""
-    if not isinstance(target, cst.Subscript):
+    if type(target) is not cst.Subscript:
         return None
-    while isinstance(target, cst.Subscript):
+    while type(target) is cst.Subscript:
         target = target.value
-    return target.value if isinstance(target, cst.Name) else None
+    return target.value if type(target) is cst.Name else None
 
 
 def _grown_pieces(call: cst.Call, name: str) -> tuple[list[cst.BaseElement | cst.Arg], int] | None:
@@ -334,18 +334,18 @@ def _grown_pieces(call: cst.Call, name: str) -> tuple[list[cst.BaseElement | cst
     the sequence holding it and its index; None for any other shape."""
     args = [a for a in call.args if a.keyword is None]
     first = args[0].value if args else None
-    if len(args) == 2 and isinstance(first, cst.Name) and first.value == name:
+    if len(args) == 2 and type(first) is cst.Name and first.value == name:
         return list(call.args), call.args.index(args[1])
-    if len(args) == 1 and isinstance(first, (cst.List, cst.Tuple)) and len(first.elements) == 2:
+    if len(args) == 1 and type(first) in (cst.List, cst.Tuple) and len(first.elements) == 2:
         head = first.elements[0].value
-        if isinstance(head, cst.Name) and head.value == name:
+        if type(head) is cst.Name and head.value == name:
             return list(first.elements), 1
     return None
 
 
 def _replace_piece(call: cst.Call, holder: list, index: int,
                    gathered: cst.BaseExpression) -> cst.Call:
-    if isinstance(holder[index], cst.Arg):
+    if type(holder[index]) is cst.Arg:
         args = list(call.args)
         args[index] = args[index].with_changes(value=gathered)
         return call.with_changes(args=args)
@@ -390,7 +390,7 @@ class _InnerAppends(cst.CSTVisitor):
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
-        if isinstance(func, cst.Attribute) and func.attr.value in ("append", "extend") \
-                and isinstance(func.value, cst.Name):
+        if type(func) is cst.Attribute and func.attr.value in ("append", "extend") \
+                and type(func.value) is cst.Name:
             (self.names if self.depth else self.outer).add(func.value.value)
 

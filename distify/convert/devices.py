@@ -73,7 +73,7 @@ def stays_on_cpu(module: cst.Module) -> bool:
     cpu_names = {name for name, values in finder.assigned.items() if all(map(_is_cpu, values))}
 
     def cpu(node: cst.BaseExpression) -> bool:
-        return _is_cpu(node) or isinstance(node, cst.Name) and node.value in cpu_names
+        return _is_cpu(node) or type(node) is cst.Name and node.value in cpu_names
 
     return all(cpu(value) for value in finder.devices)
 
@@ -101,14 +101,14 @@ class _DeviceFinder(cst.CSTVisitor):
         self._word(node.value)
 
     def _target(self, target: cst.BaseExpression, value: cst.BaseExpression | None) -> None:
-        if isinstance(target, cst.Name):
+        if type(target) is cst.Name:
             self.assigned.setdefault(target.value, []).append(value or target)
-        name = target.value if isinstance(target, cst.Name) else \
-            target.attr.value if isinstance(target, cst.Attribute) else ""
+        name = target.value if type(target) is cst.Name else \
+            target.attr.value if type(target) is cst.Attribute else ""
         if _HOLDS_DEVICE.search(name):
             self.devices.append(value or target)
-        elif not isinstance(target, (cst.Name, cst.Attribute)):
-            for sub in (target.elements if isinstance(target, (cst.Tuple, cst.List)) else ()):
+        elif type(target) not in (cst.Name, cst.Attribute):
+            for sub in (target.elements if type(target) in (cst.Tuple, cst.List) else ()):
                 self._target(sub.value, None)  # unpacked: a value of its own
 
     def visit_Assign(self, node: cst.Assign) -> None:
@@ -140,8 +140,8 @@ class _DeviceFinder(cst.CSTVisitor):
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
-        last = func.attr.value if isinstance(func, cst.Attribute) else \
-            func.value if isinstance(func, cst.Name) else ""
+        last = func.attr.value if type(func) is cst.Attribute else \
+            func.value if type(func) is cst.Name else ""
         if last == "device":  # torch.device(x)
             self.devices.append(node)
         for arg in node.args:
@@ -149,9 +149,9 @@ class _DeviceFinder(cst.CSTVisitor):
                 self.devices.append(arg.value)
         if last == "to" and node.args and node.args[0].keyword is None:
             moved = node.args[0].value  # .to(device), .to(args.device); not .to(torch.float16)
-            name = moved.value if isinstance(moved, cst.Name) else \
-                moved.attr.value if isinstance(moved, cst.Attribute) else ""
-            if _HOLDS_DEVICE.search(name) or isinstance(moved, (cst.SimpleString, cst.Call)):
+            name = moved.value if type(moved) is cst.Name else \
+                moved.attr.value if type(moved) is cst.Attribute else ""
+            if _HOLDS_DEVICE.search(name) or type(moved) in (cst.SimpleString, cst.Call):
                 self.devices.append(moved)
 
 
@@ -254,7 +254,7 @@ class _ForwardFactories(_InModelClasses):
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
-        if isinstance(func, cst.Attribute) and func.attr.value in _MOVES and \
+        if type(func) is cst.Attribute and func.attr.value in _MOVES and \
                 not (func.attr.value == "to" and self._dtype_only(node)):
             self.moved.add(id(func.value))  # torch.zeros(n).to(x.device): moved where made
         if not self.in_forward or id(node) in self.moved:
@@ -312,7 +312,7 @@ class _MadeModels(cst.CSTVisitor):
 
     def visit_Assign(self, node: cst.Assign) -> None:
         value = node.value
-        if isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and \
+        if type(value) is cst.Call and type(value.func) is cst.Name and \
                 value.func.value in self.model_classes:
             self.found = True
 
@@ -329,19 +329,19 @@ class _FreshModels(cst.CSTVisitor):
         self.over: list[bool] = []
 
     def _is_prepare(self, node: cst.BaseExpression) -> bool:
-        return isinstance(node, cst.Call) and dotted_name(node.func) == f"{self.rt}.prepare"
+        return type(node) is cst.Call and dotted_name(node.func) == f"{self.rt}.prepare"
 
     def visit_Assign(self, node: cst.Assign) -> None:
         value = node.value
         for target in node.targets:
             names = [e.value for e in target.target.elements] \
-                if isinstance(target.target, (cst.Tuple, cst.List)) else [target.target]
+                if type(target.target) in (cst.Tuple, cst.List) else [target.target]
             for name in names:
-                if not isinstance(name, cst.Name):
+                if type(name) is not cst.Name:
                     continue
                 if self._is_prepare(value):
                     self.prepared.add(name.value)
-                elif isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and \
+                elif type(value) is cst.Call and type(value.func) is cst.Name and \
                         value.func.value in self.model_classes and len(names) == 1:
                     self.made[name.value] = (node, value.func.value)
                     # made again after it was prepared (`net = Net()` to evaluate a saved
@@ -353,18 +353,18 @@ class _FreshModels(cst.CSTVisitor):
         func = node.func
         if self._is_prepare(node):
             self.prepared.update(a.value.value for a in node.args
-                                 if isinstance(a.value, cst.Name))
-        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name):
+                                 if type(a.value) is cst.Name)
+        if type(func) is cst.Attribute and type(func.value) is cst.Name:
             if func.attr.value in ("to", "cuda", "to_empty"):
                 self.moved.add(func.value.value)
             elif func.attr.value == "load_state_dict":
                 self.loaded.add(func.value.value)
-        if isinstance(func, cst.Name) and self.loops:
+        if type(func) is cst.Name and self.loops:
             self.called_on_batches.add(func.value)
 
     def _over_prepared(self, node: cst.BaseExpression) -> bool:
         node = unwrapped(node, dotted_name)  # no imports here: the names as written
-        return self._is_prepare(node) or isinstance(node, cst.Name) and \
+        return self._is_prepare(node) or type(node) is cst.Name and \
             node.value in self.prepared
 
     def visit_For(self, node: cst.For) -> None:
@@ -381,7 +381,7 @@ def _last_name(node: cst.BaseExpression) -> str:
 
 
 def _is_int(node: cst.BaseExpression) -> bool:
-    return isinstance(node, cst.Integer)
+    return type(node) is cst.Integer
 
 
 @dataclass(slots=True)
@@ -420,7 +420,7 @@ class DeviceMixin(TransformerBase):
             self._edit(new, "device", "each process uses its own device")
             return new
         if qual.endswith(".device") and original.args and not _literal_args(original) \
-                and not (len(original.args) == 1 and isinstance(original.args[0].value, cst.Name)
+                and not (len(original.args) == 1 and type(original.args[0].value) is cst.Name
                          and original.args[0].value.value in self._devices.own_devices):
             self._edit(updated, "device", "the device comes from a setting: under distify every "
                        f"process must use its own, `{self.rt}.device()` (a setting such as "
@@ -471,11 +471,11 @@ class DeviceMixin(TransformerBase):
         """``device = "cpu" if not rt.device_choice(...) else rt.device().type`` (a flag's
         choice), ``device = rt.device()``: the name holds this process's own device from here
         on, so ``torch.device(device)`` needs no note; assigned anything else, it may not."""
-        if not isinstance(target, cst.Name):
+        if type(target) is not cst.Name:
             return
         names = self._devices.own_devices
         own = self._chosen_by_flag(value) or self._is_rt_device(value) or (
-            isinstance(value, cst.Attribute) and value.attr.value == "type"
+            type(value) is cst.Attribute and value.attr.value == "type"
             and self._is_rt_device(value.value))
         (names.add if own else names.discard)(target.value)
 
@@ -489,7 +489,7 @@ class DeviceMixin(TransformerBase):
         """``use_cuda = not args.no_cuda and torch.cuda.is_available()`` →
         ``use_cuda = rt.device_choice(not args.no_cuda and ...)``: a flag that chose the CPU
         still does, and ``prepare`` keeps the model there with the script's own tensors."""
-        if not isinstance(value, cst.BooleanOperation):
+        if type(value) is not cst.BooleanOperation:
             return None
         operands = _operands(value)
         checks = [o for o in operands if self._is_availability(o)]
@@ -506,13 +506,13 @@ class DeviceMixin(TransformerBase):
         """``cpu = args.cpu``, ``use_gpu = not opt.no_cuda``: a bare name that holds a setting
         read in place (no availability check: that assignment goes through ``device_choice``
         itself), so ``"cpu" if cpu else "cuda"`` is a flag's choice too."""
-        if isinstance(target, cst.Name) and all(_is_flag(o) for o in _operands(value)):
+        if type(target) is cst.Name and all(_is_flag(o) for o in _operands(value)):
             self._devices.flag_names.add(target.value)
 
     def _holds_flag(self, node: cst.BaseExpression) -> bool:
-        while isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not):
+        while type(node) is cst.UnaryOperation and type(node.operator) is cst.Not:
             node = node.expression
-        return isinstance(node, cst.Name) and node.value in self._devices.flag_names
+        return type(node) is cst.Name and node.value in self._devices.flag_names
 
     def _flag_still_chooses(self, updated: cst.IfExp) -> cst.IfExp:
         """``"cpu" if args.cpu else "cuda"``: the test is a flag (not only a torch availability
@@ -532,7 +532,7 @@ class DeviceMixin(TransformerBase):
         elif not self._is_rt_device(other):  # rt.device(): torch.device("cuda") rewritten
             return updated
         if cpu_first:  # "cpu" if args.cpu else ...: the accelerator when not test
-            if not isinstance(test, (cst.Name, cst.Attribute, cst.Call)):
+            if type(test) not in (cst.Name, cst.Attribute, cst.Call):
                 test = test.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
             chosen = cst.UnaryOperation(operator=cst.Not(), expression=test)
             new_test = cst.UnaryOperation(operator=cst.Not(),
@@ -548,7 +548,7 @@ class DeviceMixin(TransformerBase):
         return new
 
     def _is_rt_device(self, node: cst.BaseExpression) -> bool:
-        return isinstance(node, cst.Call) and dotted_name(node.func) == f"{self.rt}.device" \
+        return type(node) is cst.Call and dotted_name(node.func) == f"{self.rt}.device" \
             and not node.args
 
     def _chosen_by_flag(self, node: cst.BaseExpression) -> bool:
@@ -556,9 +556,9 @@ class DeviceMixin(TransformerBase):
         return id(node) in self._devices.flag_choices
 
     def _is_availability(self, node: cst.BaseExpression) -> bool:
-        while isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not):
+        while type(node) is cst.UnaryOperation and type(node.operator) is cst.Not:
             node = node.expression
-        qual = self._qual(node.func) if isinstance(node, cst.Call) else None
+        qual = self._qual(node.func) if type(node) is cst.Call else None
         return bool(qual) and qual.startswith("torch.") and qual.endswith(
             (".is_available", ".device_count"))
 
@@ -589,7 +589,7 @@ class DeviceMixin(TransformerBase):
                                     updated: cst.DictElement) -> cst.DictElement:
         """``{"device": "cuda:0", ...}`` (a config dict) → ``{"device": rt.device().type}``."""
         key = updated.key
-        if isinstance(key, cst.SimpleString) and literal_value(key) in _DEVICE_SETTINGS:
+        if type(key) is cst.SimpleString and literal_value(key) in _DEVICE_SETTINGS:
             return self._unless_skipped("device", updated, lambda: self._device_entry(updated))
         return updated
 
@@ -621,7 +621,7 @@ class DeviceMixin(TransformerBase):
         comment = line.trailing_whitespace.comment
         if comment is None or not self.ctx.index_calls or not _NAMES_A_GPU.search(comment.value):
             return line
-        if not any(isinstance(s, (cst.Assign, cst.AnnAssign)) and s.value is not None
+        if not any(type(s) in (cst.Assign, cst.AnnAssign) and s.value is not None
                    and id(s.value) in self.ctx.index_calls for s in line.body):
             return line
         text = comment.value.lstrip("#").strip()
@@ -630,7 +630,7 @@ class DeviceMixin(TransformerBase):
             comment=new))
 
     def _is_pinning(self, call: cst.BaseExpression) -> bool:
-        return isinstance(call, cst.Call) and \
+        return type(call) is cst.Call and \
             self.rules.match("device_pinning", self._qual(call.func)) is not None
 
     def _edit_removed(self, call: cst.Call) -> None:
@@ -672,7 +672,7 @@ class DeviceMixin(TransformerBase):
 
 def _operands(node: cst.BaseExpression) -> list[cst.BaseExpression]:
     """The operands of a chain of ``and``/``or``."""
-    if isinstance(node, cst.BooleanOperation):
+    if type(node) is cst.BooleanOperation:
         return [*_operands(node.left), *_operands(node.right)]
     return [node]
 
@@ -681,9 +681,9 @@ def _is_flag(node: cst.BaseExpression) -> bool:
     """``args.cpu``, ``not opt.cuda``, ``cfg["use_gpu"]``, ``args.device == "cpu"``: a setting
     read in place. A bare name (``use_cuda``) is not: where it holds a flag, its own assignment
     goes through ``device_choice`` (``use_cuda = not args.no_cuda and ...``)."""
-    while isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not):
+    while type(node) is cst.UnaryOperation and type(node.operator) is cst.Not:
         node = node.expression
-    return isinstance(node, (cst.Attribute, cst.Subscript, cst.Comparison))
+    return type(node) in (cst.Attribute, cst.Subscript, cst.Comparison)
 
 
 def _is_gpu(arg: cst.Arg) -> bool:
@@ -692,4 +692,4 @@ def _is_gpu(arg: cst.Arg) -> bool:
         return False
     value = arg.value
     return _is_device_string(value) or _is_int(value) or (
-        isinstance(value, (cst.Name, cst.Attribute)) and _last_name(value) in _GPU_INDEXES)
+        type(value) in (cst.Name, cst.Attribute) and _last_name(value) in _GPU_INDEXES)

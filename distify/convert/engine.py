@@ -242,7 +242,7 @@ def _add_import(updated: cst.Module, *, first_touched: int, rt: str,
     body = list(updated.body)
     index = _insertion_index(body, min(first_touched, len(body)))
     line = body[index] if index < len(body) else None
-    if isinstance(line, cst.SimpleStatementLine) and _future_count(line):
+    if type(line) is cst.SimpleStatementLine and _future_count(line):
         # `from __future__ import x; import torch; print(1)`: the import joins that line,
         # right after the future import, so it precedes the rewritten code beside it.
         count = _future_count(line)
@@ -274,10 +274,10 @@ def _runs_as_a_script(module: cst.Module) -> bool:
     not only definitions: a helper module that a GPU script imports must not put that script's
     process on the CPU, however CPU-only the helper reads (its caller decides the device)."""
     for statement in module.body:
-        if isinstance(statement, (cst.If, cst.For, cst.While, cst.With, cst.Try)):
+        if type(statement) in (cst.If, cst.For, cst.While, cst.With, cst.Try):
             return True
-        if isinstance(statement, cst.SimpleStatementLine) and any(
-                isinstance(small, cst.Expr) and isinstance(small.value, cst.Call)
+        if type(statement) is cst.SimpleStatementLine and any(
+                type(small) is cst.Expr and type(small.value) is cst.Call
                 for small in statement.body):
             return True
     return False
@@ -293,13 +293,13 @@ def _stay_on_cpu(updated: cst.Module, rt: str) -> tuple[cst.Module, cst.SimpleSt
 
 
 def _imports_runtime(stmt: cst.CSTNode, rt: str) -> bool:
-    if not isinstance(stmt, cst.SimpleStatementLine):
+    if type(stmt) is not cst.SimpleStatementLine:
         return False
     for small in stmt.body:
-        if isinstance(small, cst.Import):
+        if type(small) is cst.Import:
             for alias in small.names:
                 name = alias.asname.name if alias.asname else alias.name
-                if isinstance(name, cst.Name) and name.value == rt or \
+                if type(name) is cst.Name and name.value == rt or \
                         cst.Module([]).code_for_node(alias.name) == rt:
                     return True
     return False
@@ -309,26 +309,26 @@ def _future_count(line: cst.SimpleStatementLine) -> int:
     """How many small statements at the start of ``line`` are ``from __future__`` imports."""
     count = 0
     for small in line.body:
-        if not (isinstance(small, cst.ImportFrom) and dotted_module(small) == "__future__"):
+        if not (type(small) is cst.ImportFrom and dotted_module(small) == "__future__"):
             break
         count += 1
     return count
 
 
 def _is_import(stmt: cst.CSTNode) -> bool:
-    return isinstance(stmt, cst.SimpleStatementLine) and all(
-        isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body)
+    return type(stmt) is cst.SimpleStatementLine and all(
+        type(s) in (cst.Import, cst.ImportFrom) for s in stmt.body)
 
 
 def _is_docstring_or_future(stmt: cst.CSTNode) -> bool:
     """A docstring, or a line holding a ``from __future__`` import (which must stay first)."""
-    if not isinstance(stmt, cst.SimpleStatementLine) or not stmt.body:
+    if type(stmt) is not cst.SimpleStatementLine or not stmt.body:
         return False
     small = stmt.body[0]
-    if len(stmt.body) == 1 and isinstance(small, cst.Expr) \
-            and isinstance(small.value, (cst.SimpleString, cst.ConcatenatedString)):
+    if len(stmt.body) == 1 and type(small) is cst.Expr \
+            and type(small.value) in (cst.SimpleString, cst.ConcatenatedString):
         return True
-    return any(isinstance(s, cst.ImportFrom) and dotted_module(s) == "__future__"
+    return any(type(s) is cst.ImportFrom and dotted_module(s) == "__future__"
                for s in stmt.body)
 
 
@@ -345,6 +345,6 @@ def _insertion_index(body: list, first_touched: int) -> int:
             break
         if _is_import(stmt) or (i == index and _is_docstring_or_future(stmt)):
             index = i + 1
-        elif isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+        elif type(stmt) in (cst.FunctionDef, cst.ClassDef):
             break
     return index

@@ -33,12 +33,12 @@ class EnvironmentMixin(TransformerBase):
     def _rewrite_env_seed(self, original: cst.Call, updated: cst.Call) -> cst.Call | None:
         """``env.reset(seed=s)``, ``env.action_space.seed(s)``: seeded per process."""
         func = original.func
-        if not isinstance(func, cst.Attribute):
+        if type(func) is not cst.Attribute:
             return None
         if func.attr.value == "reset":
             index = next((i for i, arg in enumerate(updated.args)
                           if arg.keyword is not None and arg.keyword.value == "seed"), None)
-        elif func.attr.value == "seed" and isinstance(func.value, cst.Attribute) \
+        elif func.attr.value == "seed" and type(func.value) is cst.Attribute \
                 and func.value.attr.value in _SPACES and len(updated.args) == 1 \
                 and updated.args[0].keyword is None and not updated.args[0].star:
             index = 0
@@ -47,7 +47,7 @@ class EnvironmentMixin(TransformerBase):
         if index is None:
             return None
         seed = updated.args[index].value
-        if (isinstance(seed, cst.Name) and seed.value == "None") or self._adds_rank(seed):
+        if (type(seed) is cst.Name and seed.value == "None") or self._adds_rank(seed):
             return None
         per_process = cst.BinaryOperation(
             left=seed.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
@@ -62,5 +62,5 @@ class EnvironmentMixin(TransformerBase):
         return new
 
     def _adds_rank(self, seed: cst.BaseExpression) -> bool:
-        return isinstance(seed, cst.BinaryOperation) and isinstance(seed.right, cst.Call) \
+        return type(seed) is cst.BinaryOperation and type(seed.right) is cst.Call \
             and dotted_name(seed.right.func) == f"{self.rt}.rank"

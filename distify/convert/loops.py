@@ -63,7 +63,7 @@ class LoopMixin(TransformerBase):
     def _loops_on_assign(self, node: cst.Assign) -> None:
         value = _strip_parens(node.value)
         for target in node.targets:
-            names = (_names_in(target.target) if isinstance(target.target, cst.Tuple)
+            names = (_names_in(target.target) if type(target.target) is cst.Tuple
                      else {dotted_name(target.target)} - {None})
             for name in names:  # the last assignment seen before the loop wins
                 self.ctx.built_from[(tuple(self.ctx.path) if "." not in name else (), name)] = value
@@ -81,7 +81,7 @@ class LoopMixin(TransformerBase):
             value = builders.get(((), source))  # a module-level loader used in a function
         if value is None:
             return None
-        if isinstance(value, cst.Call):
+        if type(value) is cst.Call:
             callee = dotted_name(value.func) or _short(_code(value.func))
             return f"built by `{callee}(...)`"
         return f"set from `{_short(_code(value))}`"
@@ -96,7 +96,7 @@ class LoopMixin(TransformerBase):
     @handles("visit_WithItem")
     def _loops_on_with_item(self, node: cst.WithItem) -> None:
         """``with tqdm(test_loader) as pbar:``: ``pbar`` is a view of the loader."""
-        if isinstance(node.asname, cst.AsName) and isinstance(node.asname.name, cst.Name):
+        if type(node.asname) is cst.AsName and type(node.asname.name) is cst.Name:
             self._note_loader_view([node.asname.name.value], node.item)
 
     @handles("leave_For")
@@ -174,7 +174,7 @@ class LoopMixin(TransformerBase):
         loops = [loop for loop in self.ctx.loops if loop.loaderish]
         if self._per_batch_scope():  # its caller uses one batch's values per process
             return None
-        if not (loops and self._in_eval() and isinstance(func.value, cst.Name)
+        if not (loops and self._in_eval() and type(func.value) is cst.Name
                 and func.value.value in self._scope.lists and len(updated.args) == 1
                 and updated.args[0].keyword is None and not updated.args[0].star):
             return None
@@ -259,7 +259,7 @@ class LoopMixin(TransformerBase):
     @handles("leave_BinaryOperation")
     def _loops_after_binary_operation(self, original: cst.BinaryOperation,
                                       updated: cst.BinaryOperation) -> cst.BaseExpression:
-        if isinstance(original.operator, cst.Divide) and self._scope.reduced:
+        if type(original.operator) is cst.Divide and self._scope.reduced:
             divisor = self._total_count(original.left, updated.right)
             if divisor is not None:
                 return updated.with_changes(right=divisor)
@@ -268,7 +268,7 @@ class LoopMixin(TransformerBase):
     @handles("leave_AugAssign")
     def _loops_after_aug_assign(self, original: cst.AugAssign,
                                 updated: cst.AugAssign) -> cst.AugAssign:
-        if isinstance(original.operator, cst.DivideAssign) and self._scope.reduced:
+        if type(original.operator) is cst.DivideAssign and self._scope.reduced:
             divisor = self._total_count(original.target, updated.value)
             if divisor is not None:
                 return updated.with_changes(value=divisor)
@@ -285,7 +285,7 @@ class LoopMixin(TransformerBase):
         core = _strip_parens(divisor)
         loaders = {self._scope.reduced[name] for name in sums}
         counts_batches = (
-            isinstance(core, cst.Call) and dotted_name(core.func) == "len"
+            type(core) is cst.Call and dotted_name(core.func) == "len"
             and "len" not in self.facts.bound and len(core.args) == 1
             and dotted_name(core.args[0].value) in loaders)
         counts = _names_in(core) & self._scope.counts
@@ -340,14 +340,14 @@ class LoopMixin(TransformerBase):
     @handles("visit_AugAssign")
     def _loops_on_aug_assign(self, node: cst.AugAssign) -> None:
         self._count_assignment(node.target)
-        if not self.ctx.loops or not isinstance(node.target, cst.Name):
+        if not self.ctx.loops or type(node.target) is not cst.Name:
             return
         name = node.target.value
-        counter = isinstance(node.value, (cst.Integer, cst.Float))  # `iter_num += 1`
+        counter = type(node.value) in (cst.Integer, cst.Float)  # `iter_num += 1`
         for loop in self.ctx.loops:
             if not counter:  # a step counter is equal on every process: not data-dependent
                 loop.assigned.add(name)
-            if isinstance(node.operator, cst.AddAssign) and name in self._scope.zero_inits:
+            if type(node.operator) is cst.AddAssign and name in self._scope.zero_inits:
                 if name not in loop.accumulators:
                     loop.accumulators.append(name)
                 loop.added.setdefault(name, []).append(node.value)
@@ -417,7 +417,7 @@ def _per_sample(value: cst.BaseExpression, batch_names: set[str]) -> bool:
     finder = _Calls()
     walk(value, finder)
     if finder.methods & _SCALAR_METHODS or finder.functions & _SCALAR_FUNCTIONS \
-            or isinstance(value, (cst.Integer, cst.Float)):
+            or type(value) in (cst.Integer, cst.Float):
         return False
     names = _names_in(value)
     if any("loss" in name.lower() for name in names):
@@ -432,18 +432,18 @@ class _Calls(cst.CSTVisitor):
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
-        if isinstance(func, cst.Attribute):
+        if type(func) is cst.Attribute:
             self.methods.add(func.attr.value)
-        elif isinstance(func, cst.Name):
+        elif type(func) is cst.Name:
             self.functions.add(func.value)
 
 
 def _enumerate_index(node: cst.For) -> str | None:
     """``i`` in ``for i, (x, y) in enumerate(loader)``."""
     target, it = node.target, node.iter
-    if isinstance(it, cst.Call) and dotted_name(it.func) == "enumerate" \
-            and isinstance(target, cst.Tuple) and target.elements \
-            and isinstance(target.elements[0].value, cst.Name):
+    if type(it) is cst.Call and dotted_name(it.func) == "enumerate" \
+            and type(target) is cst.Tuple and target.elements \
+            and type(target.elements[0].value) is cst.Name:
         return target.elements[0].value.value
     return None
 
@@ -451,11 +451,11 @@ def _enumerate_index(node: cst.For) -> str | None:
 def _is_count_expression(node: cst.BaseExpression) -> bool:
     """``steps``, ``i + 1``, ``(batch_idx + 1)``: a count name, maybe plus a constant."""
     node = _strip_parens(node)
-    if isinstance(node, cst.Name):
+    if type(node) is cst.Name:
         return True
-    return (isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Add)
-            and isinstance(_strip_parens(node.left), cst.Name)
-            and isinstance(_strip_parens(node.right), cst.Integer))
+    return (type(node) is cst.BinaryOperation and type(node.operator) is cst.Add
+            and type(_strip_parens(node.left)) is cst.Name
+            and type(_strip_parens(node.right)) is cst.Integer)
 
 
 def _loader_name(node: cst.BaseExpression) -> str | None:
@@ -470,7 +470,7 @@ _PER_SAMPLE_CALLS = ("sum", "size", "numel", "count_nonzero")
 def _adds_per_sample(value: cst.BaseExpression) -> bool:
     """Does ``value`` add a per-sample sum or a sample count, so that summing it over
     disjoint shards gives exactly the whole set's (not a per-batch mean)?"""
-    if isinstance(value, (cst.Integer, cst.Float)):
+    if type(value) in (cst.Integer, cst.Float):
         return False  # `+= 1` counts batches, not samples
     finder = _PerSample()
     walk(value, finder)
@@ -483,17 +483,17 @@ class _PerSample(cst.CSTVisitor):
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
-        if (isinstance(func, cst.Attribute) and func.attr.value in _PER_SAMPLE_CALLS) or (
-                isinstance(func, cst.Name) and func.value == "len"):
+        if (type(func) is cst.Attribute and func.attr.value in _PER_SAMPLE_CALLS) or (
+                type(func) is cst.Name and func.value == "len"):
             self.found = True
         for arg in node.args:
             if arg.keyword is not None and arg.keyword.value == "reduction" \
-                    and isinstance(arg.value, cst.SimpleString) \
+                    and type(arg.value) is cst.SimpleString \
                     and literal_value(arg.value) == "sum":
                 self.found = True
 
     def visit_Subscript(self, node: cst.Subscript) -> None:
-        if isinstance(node.value, cst.Attribute) and node.value.attr.value == "shape":
+        if type(node.value) is cst.Attribute and node.value.attr.value == "shape":
             self.found = True  # x.shape[0]
 
 
@@ -509,7 +509,7 @@ class _Steps(cst.CSTVisitor):
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
-        if isinstance(func, cst.Attribute) and func.attr.value == "step":
+        if type(func) is cst.Attribute and func.attr.value == "step":
             self.receivers.append(dotted_name(func.value) or _code(func.value))
 
 

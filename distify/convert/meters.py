@@ -65,12 +65,12 @@ class MeterMixin(TransformerBase):
     @handles("visit_Assign")
     def _meters_on_assign(self, node: cst.Assign) -> None:
         value = node.value
-        if not isinstance(value, cst.Call) or not self._scope.meters:
+        if type(value) is not cst.Call or not self._scope.meters:
             return
         shown = sorted(_names_in(value) & self._scope.meters)
         if shown:
             for target in node.targets:
-                if isinstance(target.target, cst.Name):
+                if type(target.target) is cst.Name:
                     self._meters.views[target.target.value] = shown
 
     def _per_batch_scope(self) -> bool:
@@ -87,7 +87,7 @@ class MeterMixin(TransformerBase):
             return  # (no meters updated in this loop: none are added up after it)
         func = original.func
         shown: list[str] = []
-        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name):
+        if type(func) is cst.Attribute and type(func.value) is cst.Name:
             shown = self._meters.views.get(func.value.value, [])
         if not shown and dotted_name(func) == "print":
             shown = sorted(_names_in(original) & self._scope.meters)
@@ -109,7 +109,7 @@ class MeterMixin(TransformerBase):
         flow = self.facts.evaluation
         for call in finder.calls:
             name = dotted_name(call.func)
-            if isinstance(call.func, cst.Name) and flow.criteria.get(call.func.value) == "mean":
+            if type(call.func) is cst.Name and flow.criteria.get(call.func.value) == "mean":
                 return f"`{name}` reduces by its mean"
             if loss_reduction(self._qual(call.func), _keywords(call)) == "mean":
                 return f"`{name}(...)` reduces by its mean by default"
@@ -123,7 +123,7 @@ class MeterMixin(TransformerBase):
         finder = _LossCalls()
         walk(value, finder)
         flow = self.facts.evaluation
-        return any(isinstance(call.func, cst.Name) and flow.criteria.get(call.func.value)
+        return any(type(call.func) is cst.Name and flow.criteria.get(call.func.value)
                    == "sum" for call in finder.calls) or bool(finder.names & flow.sum_losses)
 
 
@@ -136,12 +136,12 @@ class _LossCalls(cst.CSTVisitor):
     def visit_Call(self, node: cst.Call) -> None:
         self.calls.append(node)
         func = node.func
-        if (isinstance(func, cst.Attribute) and func.attr.value in ("size", "numel")) or (
-                isinstance(func, cst.Name) and func.value == "len"):
+        if (type(func) is cst.Attribute and func.attr.value in ("size", "numel")) or (
+                type(func) is cst.Name and func.value == "len"):
             self.counts = True
 
     def visit_Subscript(self, node: cst.Subscript) -> None:
-        if isinstance(node.value, cst.Attribute) and node.value.attr.value == "shape":
+        if type(node.value) is cst.Attribute and node.value.attr.value == "shape":
             self.counts = True
 
     def visit_Name(self, node: cst.Name) -> None:
@@ -150,5 +150,5 @@ class _LossCalls(cst.CSTVisitor):
 
 def _keywords(call: cst.Call) -> dict[str, object]:
     return {arg.keyword.value: (literal_value(arg.value)
-                                if isinstance(arg.value, cst.SimpleString) else arg.value)
+                                if type(arg.value) is cst.SimpleString else arg.value)
             for arg in call.args if arg.keyword is not None}

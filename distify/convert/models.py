@@ -50,30 +50,30 @@ class _IfFrame:
 
 def _with_else(chain: cst.If, lines: list[cst.SimpleStatementLine]) -> cst.If:
     """``chain`` with ``else:`` holding ``lines`` at its end (after its last ``elif``)."""
-    if isinstance(chain.orelse, cst.If):
+    if type(chain.orelse) is cst.If:
         return chain.with_changes(orelse=_with_else(chain.orelse, lines))
     return chain.with_changes(orelse=cst.Else(body=cst.IndentedBlock(body=lines)))
 
 
 def _is_none(node: cst.BaseSmallStatement) -> bool:
     value = getattr(node, "value", None)
-    return isinstance(value, cst.Name) and value.value == "None"
+    return type(value) is cst.Name and value.value == "None"
 
 
 def _ends(block: cst.BaseSuite) -> bool:
     """Does the block always leave the path (its last statement raises, returns, continues,
     breaks or exits)?"""
-    if isinstance(block, cst.SimpleStatementSuite):
+    if type(block) is cst.SimpleStatementSuite:
         small = block.body
     else:
         last = block.body[-1] if block.body else None
-        small = last.body if isinstance(last, cst.SimpleStatementLine) else ()
+        small = last.body if type(last) is cst.SimpleStatementLine else ()
     if not small:
         return False
     statement = small[-1]
-    if isinstance(statement, (cst.Raise, cst.Return, cst.Continue, cst.Break)):
+    if type(statement) in (cst.Raise, cst.Return, cst.Continue, cst.Break):
         return True
-    return (isinstance(statement, cst.Expr) and isinstance(statement.value, cst.Call)
+    return (type(statement) is cst.Expr and type(statement.value) is cst.Call
             and dotted_name(statement.value.func) in ("sys.exit", "exit", "quit", "os._exit"))
 
 
@@ -81,9 +81,9 @@ class ModelMixin(TransformerBase):
     # ---------------------------------------------------------------- assignments, in order
     def _count_assignment(self, target: cst.BaseExpression) -> None:
         """Number each assignment to a name per scope, as the analysis does."""
-        if isinstance(target, (cst.Tuple, cst.List)):
+        if type(target) in (cst.Tuple, cst.List):
             for element in target.elements:
-                if not isinstance(element, cst.StarredElement):
+                if type(element) is not cst.StarredElement:
                     self._count_assignment(element.value)
             return
         name = _dotted_target(target)
@@ -128,7 +128,7 @@ class ModelMixin(TransformerBase):
     def _statement_target_of(self, stmt: cst.SimpleStatementLine) -> str:
         """``model``/``self.model`` for ``X = ...`` (one target), else ``""``."""
         body = stmt.body
-        if len(body) == 1 and isinstance(body[0], cst.Assign) and len(body[0].targets) == 1:
+        if len(body) == 1 and type(body[0]) is cst.Assign and len(body[0].targets) == 1:
             return _dotted_target(body[0].targets[0].target) or ""
         return ""
 
@@ -153,9 +153,9 @@ class ModelMixin(TransformerBase):
         kind = type(original_node)
         if kind is cst.If:
             orelse = original_node.orelse
-            if isinstance(orelse, cst.If):
+            if type(orelse) is cst.If:
                 self.ctx.elifs.add(id(orelse))
-            elif isinstance(orelse, cst.Else):
+            elif type(orelse) is cst.Else:
                 self.ctx.if_elses.add(id(orelse))
         elif kind is not cst.Else or id(original_node) not in self.ctx.if_elses:
             return
@@ -233,14 +233,14 @@ class ModelMixin(TransformerBase):
             self._scope.prepared_models.add(name)
             body = updated.body
             assign = body[0] if len(body) == 1 else None
-            if isinstance(assign, cst.Assign) and len(assign.targets) == 1 \
-                    and not isinstance(assign.value, cst.Tuple) \
-                    and not isinstance(assign.targets[0].target, (cst.Tuple, cst.List)) \
-                    and not (isinstance(assign.value, cst.Call)
+            if type(assign) is cst.Assign and len(assign.targets) == 1 \
+                    and type(assign.value) is not cst.Tuple \
+                    and type(assign.targets[0].target) not in (cst.Tuple, cst.List) \
+                    and not (type(assign.value) is cst.Call
                              and _is_rt_prepare(assign.value, self.rt)):
                 call = self._rt_call("prepare", _shift_continuations(
-                    assign.value, len(f"{self.rt}.prepare(")) if isinstance(
-                        assign.value, cst.Call) else assign.value)
+                    assign.value, len(f"{self.rt}.prepare(")) if type(assign.value) is cst.Call
+                    else assign.value)
                 new = updated.with_changes(body=[assign.with_changes(value=call)])
                 self._edit(call, "prepare-model", f"`{name}` prepared where it is built: moved "
                            f"to the device and {DISTRIBUTED} "
@@ -279,7 +279,7 @@ class ModelMixin(TransformerBase):
         optimizer)`` (an optimizer the rules do not know, built by a call)."""
         target = self._statement_target_of(stmt)
         value = stmt.body[0].value if target else None
-        if not target or (isinstance(value, cst.Call) and _is_rt_prepare(value, self.rt)) \
+        if not target or (type(value) is cst.Call and _is_rt_prepare(value, self.rt)) \
                 or self._skipped("prepare-model", stmt):
             return None
         names = [cst.parse_expression(n) for n in (*models, target)]
@@ -287,7 +287,7 @@ class ModelMixin(TransformerBase):
             targets=[cst.AssignTarget(cst.Tuple([cst.Element(n) for n in names],
                                                 lpar=[], rpar=[]))],
             value=self._rt_call("prepare", *[n.deep_clone() for n in names]))])
-        callee = _code(value.func) if isinstance(value, cst.Call) else "a call"
+        callee = _code(value.func) if type(value) is cst.Call else "a call"
         plural = "s" if len(models) > 1 else ""
         self._edit(line, "prepare-model", f"{', '.join(f'`{m}`' for m in models)} and the "
                    f"optimizer built by {callee}(...) prepared: the model{plural} moved to the "

@@ -82,7 +82,7 @@ class PrepareMixin(TransformerBase):
         target = _single_target(stmt)
         value = _assigned_value(stmt)
         exprs = [cst.parse_expression(m) for m in models]
-        if target is not None and isinstance(value, cst.Call) and _is_rt_prepare(value, self.rt):
+        if target is not None and type(value) is cst.Call and _is_rt_prepare(value, self.rt):
             # `optimizer = rt.prepare(optim.SGD(...))` → build it plainly, then prepare together.
             inner = _shift_continuations(value.args[0].value, -len(f"{self.rt}.prepare("))
             self.edits = [e for e in self.edits if e.node is not value]
@@ -116,7 +116,7 @@ class PrepareMixin(TransformerBase):
                        "with a plain call of the module (DDP replaces it)", human=True)
             return None
         inputs = args[1].value
-        spread = inputs.elements if isinstance(inputs, cst.Tuple) else [cst.Element(inputs)]
+        spread = inputs.elements if type(inputs) is cst.Tuple else [cst.Element(inputs)]
         new = cst.Call(func=args[0].value, args=[
             cst.Arg(e.value, comma=cst.MaybeSentinel.DEFAULT if i == len(spread) - 1 else
                     cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
@@ -153,10 +153,10 @@ class PrepareMixin(TransformerBase):
 
     def _check_sampler(self, arg: cst.Arg, anchor: cst.CSTNode) -> None:
         value = arg.value
-        qual = self._qual(_callee(value)) if isinstance(value, cst.Call) else None
+        qual = self._qual(_callee(value)) if type(value) is cst.Call else None
         if qual is not None and self.rules.match("samplers", qual):
             return
-        if isinstance(value, cst.Name) and any(value.value in s.samplers for s in self.ctx.scopes):
+        if type(value) is cst.Name and any(value.value in s.samplers for s in self.ctx.scopes):
             return  # a stock sampler built a few lines above
         self._edit(anchor, "sampler", f"custom {arg.keyword.value}: distify shards the indices it "
                    "yields each epoch; make sure it does not shard by rank itself", human=True)

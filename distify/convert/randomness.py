@@ -144,7 +144,7 @@ class RandomnessMixin(TransformerBase):
         name = qual.rsplit(".", 1)[-1]
         if family in ("numpy", "python"):
             func = original.func
-            if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Call):
+            if type(func) is cst.Attribute and type(func.value) is cst.Call:
                 return None  # `rt.numpy_random().randint(...)`: converted already
             helper = "numpy_random" if family == "numpy" else "python_random"
             new = updated.with_changes(func=cst.Attribute(value=self._rt_call(helper),
@@ -216,9 +216,9 @@ class RandomnessMixin(TransformerBase):
         if not args:
             return call.with_changes(args=[argument])
         last = args[-1]
-        if isinstance(last.comma, cst.Comma):  # a trailing comma: the new argument takes it
+        if type(last.comma) is cst.Comma:  # a trailing comma: the new argument takes it
             before = args[-2].comma if len(args) > 1 else _SPACE
-            args[-1] = last.with_changes(comma=before if isinstance(before, cst.Comma)
+            args[-1] = last.with_changes(comma=before if type(before) is cst.Comma
                                          else _SPACE)
             argument = argument.with_changes(comma=last.comma)
         else:

@@ -361,7 +361,7 @@ class SideEffectMixin(TransformerBase):
                                   updated: cst.Call) -> cst.BaseExpression | None:
         """``datetime.now().strftime(...)`` → the main process's reading."""
         receiver = original.func.value
-        if isinstance(receiver, cst.Call) and \
+        if type(receiver) is cst.Call and \
                 self.rules.match("timestamps", self._qual(receiver.func)) \
                 and not self._skipped("timestamps", updated):
             return self._agree(updated)
@@ -370,7 +370,7 @@ class SideEffectMixin(TransformerBase):
     def _side_effect(self, call: cst.BaseExpression) -> str | None:
         """The side-effect kind of ``call`` when it writes on every process, else None (the
         decision :mod:`distify.analysis.effects` makes for ``check`` too)."""
-        if not isinstance(call, cst.Call):
+        if type(call) is not cst.Call:
             return None
         callee = self.facts.imports.cst_loose_qualname(call.func)
         if callee in self._side_effects.trackers:
@@ -479,19 +479,19 @@ class SideEffectMixin(TransformerBase):
                 return
 
     def _is_side_effect_stmt(self, small: cst.BaseSmallStatement) -> bool:
-        return (isinstance(small, cst.Expr) and self._side_effect(small.value) is not None) \
+        return (type(small) is cst.Expr and self._side_effect(small.value) is not None) \
             or self._sets_wandb_state(small)
 
     def _sets_wandb_state(self, small: cst.BaseSmallStatement) -> bool:
         """``wandb.run.name = ...``, ``wandb.config.lr = ...``: wandb's state, which exists on
         the process that ran ``wandb.init`` only (the main one, once converted)."""
-        if isinstance(small, cst.Assign):
+        if type(small) is cst.Assign:
             targets = [t.target for t in small.targets]
-        elif isinstance(small, (cst.AugAssign, cst.AnnAssign)):
+        elif type(small) in (cst.AugAssign, cst.AnnAssign):
             targets = [small.target]
         else:
             return False
-        return all(isinstance(t, (cst.Attribute, cst.Subscript))
+        return all(type(t) in (cst.Attribute, cst.Subscript)
                    and (self._qual(_root_of(t)) or "") == "wandb" for t in targets)
 
     def _guard_side_effect(self, original: cst.SimpleStatementLine,
@@ -501,8 +501,8 @@ class SideEffectMixin(TransformerBase):
         small = original.body[0]
         if not self._is_side_effect_stmt(small) or self._skipped("guard-side-effects", updated):
             return None
-        if not isinstance(small, cst.Expr):  # `wandb.run.name = ...`
-            target = small.targets[0].target if isinstance(small, cst.Assign) else small.target
+        if type(small) is not cst.Expr:  # `wandb.run.name = ...`
+            target = small.targets[0].target if type(small) is cst.Assign else small.target
             return self._main_only(updated, f"{_code(target)} = ... runs on the main process "
                                             "only (wandb's state exists there only)")
         what = dotted_name(small.value.func) or "this call"
@@ -524,9 +524,9 @@ class SideEffectMixin(TransformerBase):
     @handles("visit_With")
     def _side_effects_on_with(self, node: cst.With) -> None:
         for item in node.items:
-            if isinstance(item.item, cst.Call) and self._is_open(item.item.func) \
-                    and isinstance(item.asname, cst.AsName) \
-                    and isinstance(item.asname.name, cst.Name):
+            if type(item.item) is cst.Call and self._is_open(item.item.func) \
+                    and type(item.asname) is cst.AsName \
+                    and type(item.asname.name) is cst.Name:
                 self.ctx.runtime_handles.add(item.asname.name.value)
         if any(is_eval_context(self.rules, self._qual(_callee(item.item))) for item in node.items):
             self.ctx.no_grad_depth += 1
@@ -553,21 +553,21 @@ class SideEffectMixin(TransformerBase):
         atomic and a load on another process waits for it (a file object gives neither: the
         main process truncates the file before writing, and the others read whatever is there).
         Any other use of the file object inside the block is reported instead."""
-        if len(node.items) != 1 or not isinstance(node.items[0].asname, cst.AsName):
+        if len(node.items) != 1 or type(node.items[0].asname) is not cst.AsName:
             return None
         item = node.items[0]
         handle = item.asname.name
-        if not (isinstance(item.item, cst.Call) and self._is_open(item.item.func)
-                and isinstance(handle, cst.Name) and item.item.args):
+        if not (type(item.item) is cst.Call and self._is_open(item.item.func)
+                and type(handle) is cst.Name and item.item.args):
             return None
         uses = _runtime_io_calls(node.body, self.rt, handle.value)
         if not uses or "save-load" in self.skip:
             return None
-        body = node.body.body if isinstance(node.body, cst.IndentedBlock) else ()
+        body = node.body.body if type(node.body) is cst.IndentedBlock else ()
         line = body[0] if len(body) == 1 else None
-        small = line.body[0] if isinstance(line, cst.SimpleStatementLine) and \
+        small = line.body[0] if type(line) is cst.SimpleStatementLine and \
             len(line.body) == 1 else None
-        call = small.value if isinstance(small, (cst.Expr, cst.Assign)) else None
+        call = small.value if type(small) in (cst.Expr, cst.Assign) else None
         if len(uses) != 1 or call is not uses[0] or item.item.args[0].keyword is not None:
             if dotted_name(item.item.func) == f"{self.rt}.open":
                 return None  # the runtime's file: atomic, and waited for (see _runtime_open)
@@ -661,13 +661,13 @@ class SideEffectMixin(TransformerBase):
                     or self.facts.builds_loaders:
                 return self._side_effects.smoke_calls
             module = self._side_effects.module
-            guards = [s for s in module.body if isinstance(s, cst.If) and _is_main_guard(s)]
+            guards = [s for s in module.body if type(s) is cst.If and _is_main_guard(s)]
             called = {c.func.value for g in guards for c in calls_in(g)
-                      if isinstance(c.func, cst.Name)}
+                      if type(c.func) is cst.Name}
             rest = [s for s in module.body if s not in guards]
             used = {n.value for s in rest for n in nodes_in(s, cst.Name)
-                    if not (isinstance(s, cst.FunctionDef) and n is s.name)}
-            tests = [s for s in rest if isinstance(s, cst.FunctionDef)
+                    if not (type(s) is cst.FunctionDef and n is s.name)}
+            tests = [s for s in rest if type(s) is cst.FunctionDef
                      and s.name.value in called - used]
             self._side_effects.smoke_calls = {id(c) for part in (*guards, *tests)
                                               for c in calls_in(part)}
@@ -694,7 +694,7 @@ class SideEffectMixin(TransformerBase):
     def _quiet_other_ranks(self, call: cst.Call) -> cst.Call:
         func = call.func  # `logging.basicConfig` → `logging.WARNING`; else the level's name
         warning: cst.BaseExpression = cst.SimpleString('"WARNING"')
-        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name):
+        if type(func) is cst.Attribute and type(func.value) is cst.Name:
             warning = cst.Attribute(value=cst.Name(func.value.value), attr=cst.Name("WARNING"))
         args = []
         for arg in call.args:
@@ -738,7 +738,7 @@ class SideEffectMixin(TransformerBase):
         if original is None or statement is None or not statement.body:
             return None
         first = statement.body[0]
-        if not (isinstance(first, cst.Expr) and first.value is original):
+        if not (type(first) is cst.Expr and first.value is original):
             return None
         return self.ctx.depth * len(self.ctx.indent_unit) + len(_code(original.func)) + 1
 
@@ -750,7 +750,7 @@ class SideEffectMixin(TransformerBase):
         if len(positional) <= position:
             return call
         value = positional[position].value
-        if not (isinstance(value, cst.Call) and self._is_open(value.func) and value.args
+        if not (type(value) is cst.Call and self._is_open(value.func) and value.args
                 and value.args[0].keyword is None):
             return call
         index = list(call.args).index(positional[position])
@@ -761,7 +761,7 @@ class SideEffectMixin(TransformerBase):
     @handles("leave_FormattedStringExpression")
     def _side_effects_after_formatted_string_expression(self, original, updated):
         expr = original.expression
-        if (isinstance(expr, cst.Call) and self.rules.match("timestamps", self._qual(expr.func))
+        if (type(expr) is cst.Call and self.rules.match("timestamps", self._qual(expr.func))
                 and not _is_rt_call(updated.expression, self.rt, "broadcast_object")):
             return updated.with_changes(expression=self._agree(updated.expression))
         return updated
@@ -777,7 +777,7 @@ def _runtime_io_calls(body: cst.BaseSuite, rt: str, handle: str) -> list[cst.Cal
             position = {f"{rt}.save": 1, f"{rt}.load": 0}.get(name or "")
             if position is not None and len(call.args) > position:
                 value = call.args[position].value
-                if isinstance(value, cst.Name) and value.value == handle:
+                if type(value) is cst.Name and value.value == handle:
                     found.append(call)
 
     walk(body, _Finder())
@@ -800,8 +800,8 @@ def _runs_alone(unit: DownloadUnit) -> bool:
 def _is_main_guard(node: cst.If) -> bool:
     """``if __name__ == "__main__":``, either way round."""
     test = node.test
-    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1 \
-            or not isinstance(test.comparisons[0].operator, cst.Equal):
+    if type(test) is not cst.Comparison or len(test.comparisons) != 1 \
+            or type(test.comparisons[0].operator) is not cst.Equal:
         return False
     sides = {cst.Module([]).code_for_node(side).replace("'", '"')
              for side in (test.left, test.comparisons[0].comparator)}
@@ -816,7 +816,7 @@ def _downloads_itself(rules, qual: str) -> bool:
 
 def _root_of(node: cst.BaseExpression) -> cst.BaseExpression:
     """``a`` of ``a.b[c].d``."""
-    while isinstance(node, (cst.Attribute, cst.Subscript)):
+    while type(node) in (cst.Attribute, cst.Subscript):
         node = node.value
     return node
 
@@ -827,7 +827,7 @@ def _call_ids(body: cst.CSTNode) -> set[int]:
     stack = [body]
     while stack:
         node = stack.pop()
-        if isinstance(node, cst.Call):
+        if type(node) is cst.Call:
             found.add(id(node))
         stack.extend(node.children)
     return found
@@ -837,7 +837,7 @@ def _tracker_classes(module: cst.Module, mixin: SideEffectMixin) -> set[str]:
     """Local classes that are trackers: a subclass of one (``class W(SummaryWriter)``), or one
     whose ``__init__`` builds one (a TensorFlow ``FileWriter`` wrapper). Model classes never."""
     found: set[str] = set()
-    classes = [s for s in module.body if isinstance(s, cst.ClassDef)]
+    classes = [s for s in module.body if type(s) is cst.ClassDef]
     builds: dict[int, bool] = {}  # each class's __init__ is read once, not once per round
     for _ in range(3):  # a subclass of a local tracker class is one too
         for cls in classes:
@@ -861,9 +861,9 @@ def _is_tracker(mixin: SideEffectMixin, qual: str | None) -> bool:
 
 
 def _builds_tracker(cls: cst.ClassDef, mixin: SideEffectMixin) -> bool:
-    init = next((s for s in cls.body.body if isinstance(s, cst.FunctionDef)
-                 and s.name.value == "__init__"), None) if isinstance(cls.body,
-                                                               cst.IndentedBlock) else None
+    init = next((s for s in cls.body.body if type(s) is cst.FunctionDef
+                 and s.name.value == "__init__"), None) \
+        if type(cls.body) is cst.IndentedBlock else None
     if init is None:
         return False
     finder = _TrackerCalls(mixin)
@@ -888,19 +888,19 @@ def _written_text(node: cst.BaseExpression) -> str | None:
     """The text a ``write(...)`` argument writes, as far as its own literal tells: a string,
     the format of ``"..." % args`` or ``"...".format(...)``, an f-string's text parts (each
     expression read as ``{}``); None when it is not spelled in the call."""
-    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Modulo):
+    if type(node) is cst.BinaryOperation and type(node.operator) is cst.Modulo:
         return _written_text(node.left)
-    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) \
+    if type(node) is cst.Call and type(node.func) is cst.Attribute \
             and node.func.attr.value == "format":
         return _written_text(node.func.value)
-    if isinstance(node, cst.SimpleString):
+    if type(node) is cst.SimpleString:
         value = literal_value(node)
         return value if isinstance(value, str) else None
-    if isinstance(node, cst.ConcatenatedString):
+    if type(node) is cst.ConcatenatedString:
         left, right = _written_text(node.left), _written_text(node.right)
         return None if left is None or right is None else left + right
-    if isinstance(node, cst.FormattedString):
-        text = "".join(part.value if isinstance(part, cst.FormattedStringText) else "{}"
+    if type(node) is cst.FormattedString:
+        text = "".join(part.value if type(part) is cst.FormattedStringText else "{}"
                        for part in node.parts)
         return text if "r" in node.prefix.lower() else \
             text.replace("\\r", "\r").replace("\\n", "\n")

@@ -107,15 +107,15 @@ def _cst_statements(body, out: list[cst.CSTNode],
     statement of a line on its own); ``lines`` gets the indexes of each line's first and last
     ones."""
     for stmt in body:
-        if isinstance(stmt, cst.SimpleStatementLine):
+        if type(stmt) is cst.SimpleStatementLine:
             lines[id(stmt)] = (len(out), len(out) + len(stmt.body) - 1)
             out.extend(stmt.body)
             continue
         out.append(stmt)
-        if isinstance(stmt, cst.If):
+        if type(stmt) is cst.If:
             _cst_suite(stmt.body, out, lines)
             orelse = stmt.orelse
-            while isinstance(orelse, cst.If):  # elif: an `if` in the `else` for ast
+            while type(orelse) is cst.If:  # elif: an `if` in the `else` for ast
                 out.append(orelse)
                 _cst_suite(orelse.body, out, lines)
                 orelse = orelse.orelse
@@ -128,14 +128,14 @@ def _cst_statements(body, out: list[cst.CSTNode],
             for part in (stmt.orelse, stmt.finalbody):
                 if part is not None:
                     _cst_suite(part.body, out, lines)
-        elif isinstance(stmt, cst.Match):
+        elif type(stmt) is cst.Match:
             for case in stmt.cases:
                 _cst_suite(case.body, out, lines)
-        elif isinstance(stmt, (cst.For, cst.While)):
+        elif type(stmt) in (cst.For, cst.While):
             _cst_suite(stmt.body, out, lines)
             if stmt.orelse is not None:
                 _cst_suite(stmt.orelse.body, out, lines)
-        elif isinstance(stmt, (cst.FunctionDef, cst.ClassDef, cst.With)):
+        elif type(stmt) in (cst.FunctionDef, cst.ClassDef, cst.With):
             _cst_suite(stmt.body, out, lines)
         else:  # a statement this module does not know: no correspondence to rely on
             out.append(None)
@@ -147,7 +147,7 @@ _CST_TRY_STAR = (cst.TryStar,) if hasattr(cst, "TryStar") else ()
 
 def _cst_suite(suite: cst.BaseSuite, out: list[cst.CSTNode],
                lines: dict[int, tuple[int, int]]) -> None:
-    if isinstance(suite, cst.IndentedBlock):
+    if type(suite) is cst.IndentedBlock:
         _cst_statements(suite.body, out, lines)
     else:  # `if x: a; b`: the small statements of a one-line suite
         out.extend(suite.body)

@@ -126,7 +126,7 @@ class StopMixin(TransformerBase):
     def _stops_move_function_tests(self, original: cst.FunctionDef, updated: cst.FunctionDef):
         """Move the tests found in the def as written to the rewritten def (after the scope
         bookkeeping left it)."""
-        if isinstance(updated, cst.FunctionDef) and \
+        if type(updated) is cst.FunctionDef and \
                 self._stops.originals.get(updated.name.value) is original:
             self._move_tests(updated.name.value, updated)
         return updated
@@ -167,8 +167,8 @@ class StopMixin(TransformerBase):
     def _collective_placed(self, call: cst.CSTNode | None = None) -> None:
         if not self.ctx.loops or self._stops.branch_depth <= self._stops.nest_branch_base:
             return
-        if call is None or (isinstance(call, cst.Call) and (
-                self._collective(call) or any(isinstance(arg.value, cst.Call)
+        if call is None or (type(call) is cst.Call and (
+                self._collective(call) or any(type(arg.value) is cst.Call
                                               and self._collective(arg.value)
                                               for arg in call.args))):
             self._stops.gated_nests.add(id(self.ctx.loops[0]))
@@ -216,7 +216,7 @@ class StopMixin(TransformerBase):
         self._stops.branch_depth += 1
         if self.ctx.loops and (any(
                 _leaves_loop(body, self._ends) or _continues(body)
-                for body in (node.body, node.orelse.body if isinstance(node.orelse, cst.Else)
+                for body in (node.body, node.orelse.body if type(node.orelse) is cst.Else
                              else None) if body is not None) or optimizer_work(node) is not None):
             self._stops.nests_with_exits.add(id(self.ctx.loops[0]))
 
@@ -225,7 +225,7 @@ class StopMixin(TransformerBase):
         if len(self.ctx.loops) == 1:
             self._stops.nest_branch_base = self._stops.branch_depth
             self._calls_exiting(node)
-        if not (isinstance(node.test, cst.Name) and node.test.value == "True"):
+        if not (type(node.test) is cst.Name and node.test.value == "True"):
             self._stops.nests_with_exits.add(id(self.ctx.loops[0]))
 
     @handles("leave_For")
@@ -271,20 +271,20 @@ class StopMixin(TransformerBase):
         """An exit only some processes may take (reported, not decided): the ``print`` right
         before its ``sys.exit`` stays a plain ``print``, so the process that leaves alone says
         why (``distify.print`` would show the main process's output only)."""
-        if stop.how != "exit" or not isinstance(stop.node, cst.If) \
-                or not isinstance(stop.node.body, cst.IndentedBlock):
+        if stop.how != "exit" or type(stop.node) is not cst.If \
+                or type(stop.node.body) is not cst.IndentedBlock:
             return
         statements = stop.node.body.body
         for before, stmt in zip(statements, statements[1:]):
-            if not (isinstance(before, cst.SimpleStatementLine)
-                    and isinstance(stmt, cst.SimpleStatementLine) and len(before.body) == 1
-                    and isinstance(stmt.body[0], cst.Expr)
-                    and isinstance(stmt.body[0].value, cst.Call)
+            if not (type(before) is cst.SimpleStatementLine
+                    and type(stmt) is cst.SimpleStatementLine and len(before.body) == 1
+                    and type(stmt.body[0]) is cst.Expr
+                    and type(stmt.body[0].value) is cst.Call
                     and self._ends(stmt.body[0].value)):
                 continue
             expr = before.body[0]
-            call = expr.value if isinstance(expr, cst.Expr) else None
-            if not isinstance(call, cst.Call) or dotted_name(call.func) != f"{self.rt}.print" \
+            call = expr.value if type(expr) is cst.Expr else None
+            if type(call) is not cst.Call or dotted_name(call.func) != f"{self.rt}.print" \
                     or any("\n" in _code(arg) for arg in call.args):
                 return
             plain = call.with_changes(func=cst.Name("print"),
@@ -413,7 +413,7 @@ class StopMixin(TransformerBase):
                 "leave together"
         self._edit(new, "stop", f"`{test}`{where} is decided alike on every process "
                    f"(`{self.rt}.{helper}`): {what} (in a single process, the test itself)")
-        space = "whitespace_before_test" if isinstance(stop.node, cst.If) \
+        space = "whitespace_before_test" if type(stop.node) is cst.If \
             else "whitespace_after_while"  # `if(a and b):` needs one once its parens go
         return stop.node, lambda updated: updated.with_changes(
             test=new, **{space: cst.SimpleWhitespace(" ")})
@@ -453,7 +453,7 @@ class StopMixin(TransformerBase):
         code = _code(test)
         if "\n" in _code(stop.test) or "\n" in code:
             return False
-        keyword = "if " if isinstance(stop.node, cst.If) else "while "
+        keyword = "if " if type(stop.node) is cst.If else "while "
         width = len(self.ctx.indent_unit) * stop.depth + len(keyword) + len(code) + 1
         return width > max(self.facts.longest_line, 79)
 
@@ -560,9 +560,9 @@ class _Replace(cst.CSTTransformer):
 
 def _continues(body: cst.BaseSuite) -> bool:
     """Does ``body`` itself end with ``continue`` (skip the rest of the step)?"""
-    statements = body.body if isinstance(body, cst.IndentedBlock) else [body]
-    return any(isinstance(small, cst.Continue) for stmt in statements
-               if isinstance(stmt, (cst.SimpleStatementLine, cst.SimpleStatementSuite))
+    statements = body.body if type(body) is cst.IndentedBlock else [body]
+    return any(type(small) is cst.Continue for stmt in statements
+               if type(stmt) in (cst.SimpleStatementLine, cst.SimpleStatementSuite)
                for small in stmt.body)
 
 
@@ -571,12 +571,12 @@ def _holds_on_any(stop: Stop) -> bool:
     when it is on some process's batch?"""
     core = stop.test
     negated = False
-    while isinstance(core, cst.UnaryOperation) and isinstance(core.operator, cst.Not):
+    while type(core) is cst.UnaryOperation and type(core.operator) is cst.Not:
         core, negated = core.expression, not negated
-    if not isinstance(core, cst.Comparison) or len(core.comparisons) != 1:
+    if type(core) is not cst.Comparison or len(core.comparisons) != 1:
         return False
     operator = core.comparisons[0].operator
-    above = isinstance(operator, (cst.GreaterThan, cst.GreaterThanEqual))
+    above = type(operator) in (cst.GreaterThan, cst.GreaterThanEqual)
     if core.left is not stop.operand:
         above = not above
     return not negated and above == (stop.op == "max")
@@ -622,21 +622,21 @@ def _definitions(block: cst.Module | cst.BaseSuite) -> list[cst.FunctionDef]:
     there) and in its classes; not those nested in functions. Without a walk of the whole
     tree: it runs on every conversion."""
     found: list[cst.FunctionDef] = []
-    statements = block.body if isinstance(block, (cst.Module, cst.IndentedBlock)) else []
+    statements = block.body if type(block) in (cst.Module, cst.IndentedBlock) else []
     for stmt in statements:
-        if isinstance(stmt, cst.FunctionDef):
+        if type(stmt) is cst.FunctionDef:
             found.append(stmt)
-        elif isinstance(stmt, cst.ClassDef):
+        elif type(stmt) is cst.ClassDef:
             found += _definitions(stmt.body)
-        elif isinstance(stmt, cst.If):
+        elif type(stmt) is cst.If:
             found += _definitions(stmt.body)
             orelse = stmt.orelse
-            while isinstance(orelse, cst.If):
+            while type(orelse) is cst.If:
                 found += _definitions(orelse.body)
                 orelse = orelse.orelse
-            if isinstance(orelse, cst.Else):
+            if type(orelse) is cst.Else:
                 found += _definitions(orelse.body)
-        elif isinstance(stmt, cst.Try):
+        elif type(stmt) is cst.Try:
             found += _definitions(stmt.body)
     return found
 

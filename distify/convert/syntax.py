@@ -15,7 +15,7 @@ _DEVICE_WORDS = ("cuda", "mps", "xpu")
 
 
 def _callee(node: cst.BaseExpression) -> cst.BaseExpression:
-    return node.func if isinstance(node, cst.Call) else node
+    return node.func if type(node) is cst.Call else node
 
 
 class _ShiftLines:
@@ -138,7 +138,7 @@ def _shift_continuations(call: cst.Call, delta: int, opening: int | None = None,
     its line; ``indent``: that line's indentation). Lines indented less than that are hanging
     indents of an inner bracket (``print('...'.format(`` then ``epoch, loss)`` one indent
     deeper): they stay."""
-    if delta == 0 or isinstance(call.whitespace_before_args, cst.ParenthesizedWhitespace):
+    if delta == 0 or type(call.whitespace_before_args) is cst.ParenthesizedWhitespace:
         return call
     if not _spans_lines(call):  # no line to move
         return call
@@ -155,11 +155,11 @@ class _Finder(cst.CSTVisitor):
         self.found = False
 
     def visit_BinaryOperation(self, op: cst.BinaryOperation) -> None:
-        if self.method is None and isinstance(op.operator, cst.Modulo):
+        if self.method is None and type(op.operator) is cst.Modulo:
             self.found = True
 
     def visit_Call(self, call: cst.Call) -> None:
-        if self.method is not None and isinstance(call.func, cst.Attribute) \
+        if self.method is not None and type(call.func) is cst.Attribute \
                 and call.func.attr.value == self.method:
             self.found = True
 
@@ -196,18 +196,18 @@ def _with_trailing_comma(args: Sequence[cst.Arg]) -> list[cst.Arg]:
     space = cst.SimpleWhitespace(" ")
     if last.comma == cst.MaybeSentinel.DEFAULT:
         last = last.with_changes(comma=cst.Comma(whitespace_after=space))
-    elif isinstance(last.comma.whitespace_after, cst.SimpleWhitespace) \
+    elif type(last.comma.whitespace_after) is cst.SimpleWhitespace \
             and not last.comma.whitespace_after.value:
         last = last.with_changes(comma=last.comma.with_changes(whitespace_after=space))
     return [*args[:-1], last]
 
 
 def _is_false(node: cst.BaseExpression) -> bool:
-    return isinstance(node, cst.Name) and node.value in ("False", "None")
+    return type(node) is cst.Name and node.value in ("False", "None")
 
 
 def _is_method_call(node: cst.BaseExpression, method: str) -> bool:
-    return (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
+    return (type(node) is cst.Call and type(node.func) is cst.Attribute
             and node.func.attr.value == method)
 
 
@@ -251,9 +251,9 @@ def _join(names: Sequence[str]) -> str:
 
 
 def _is_zero(node: cst.BaseExpression) -> bool:
-    if isinstance(node, cst.Integer):
+    if type(node) is cst.Integer:
         return literal_value(node) == 0
-    if isinstance(node, cst.Float):
+    if type(node) is cst.Float:
         return literal_value(node) == 0.0
     return False
 
@@ -266,14 +266,14 @@ def _names_in(node: cst.CSTNode) -> set[str]:
 def _leaves_loop(body: cst.BaseSuite, is_exit) -> bool:
     """Does ``body`` leave the loop: ``break``, ``return``, or a call ``is_exit`` accepts
     (``sys.exit(...)``)?"""
-    statements = body.body if isinstance(body, cst.IndentedBlock) else [body]
+    statements = body.body if type(body) is cst.IndentedBlock else [body]
     for stmt in statements:
-        small = stmt.body if isinstance(stmt, (cst.SimpleStatementLine,
-                                               cst.SimpleStatementSuite)) else []
+        small = stmt.body if type(stmt) in (cst.SimpleStatementLine,
+                                               cst.SimpleStatementSuite) else []
         for s in small:
-            if isinstance(s, (cst.Break, cst.Return)):
+            if type(s) in (cst.Break, cst.Return):
                 return True
-            if isinstance(s, cst.Expr) and isinstance(s.value, cst.Call) and is_exit(s.value):
+            if type(s) is cst.Expr and type(s.value) is cst.Call and is_exit(s.value):
                 return True
     return False
 
@@ -285,7 +285,7 @@ class _ParameterRoots(cst.CSTVisitor):
 
     def visit_Call(self, call: cst.Call) -> None:
         func = call.func
-        if not (isinstance(func, cst.Attribute) and func.attr.value in _PARAM_METHODS):
+        if not (type(func) is cst.Attribute and func.attr.value in _PARAM_METHODS):
             return
         dotted = dotted_name(func.value)
         if not dotted:
@@ -304,17 +304,17 @@ def _parameter_roots(node: cst.CSTNode) -> list[str]:
 
 
 def _single_target(stmt: cst.SimpleStatementLine) -> cst.BaseExpression | None:
-    if len(stmt.body) != 1 or not isinstance(stmt.body[0], cst.Assign):
+    if len(stmt.body) != 1 or type(stmt.body[0]) is not cst.Assign:
         return None
     targets = stmt.body[0].targets
-    if len(targets) != 1 or not isinstance(targets[0].target, (cst.Name, cst.Attribute)):
+    if len(targets) != 1 or type(targets[0].target) not in (cst.Name, cst.Attribute):
         return None
     return targets[0].target
 
 
 def _assigned_value(stmt: cst.SimpleStatementLine) -> cst.BaseExpression | None:
     small = stmt.body[0] if stmt.body else None
-    return small.value if isinstance(small, cst.Assign) else None
+    return small.value if type(small) is cst.Assign else None
 
 
 def _is_rt_prepare(call: cst.Call, rt: str) -> bool:
@@ -322,27 +322,27 @@ def _is_rt_prepare(call: cst.Call, rt: str) -> bool:
 
 
 def _is_rt_call(node: cst.BaseExpression, rt: str, name: str) -> bool:
-    return isinstance(node, cst.Call) and dotted_name(node.func) == f"{rt}.{name}"
+    return type(node) is cst.Call and dotted_name(node.func) == f"{rt}.{name}"
 
 
 def _is_device_string(node: cst.BaseExpression) -> bool:
-    if isinstance(node, cst.SimpleString):
+    if type(node) is cst.SimpleString:
         text = literal_value(node)
         return isinstance(text, str) and text.split(":")[0] in _DEVICE_WORDS
     return False
 
 
 def _is_cpu(node: cst.BaseExpression) -> bool:
-    if isinstance(node, cst.SimpleString):
+    if type(node) is cst.SimpleString:
         return literal_value(node) == "cpu"
-    return (isinstance(node, cst.Call) and len(node.args) == 1
-            and isinstance(node.args[0].value, cst.SimpleString)
+    return (type(node) is cst.Call and len(node.args) == 1
+            and type(node.args[0].value) is cst.SimpleString
             and literal_value(node.args[0].value) == "cpu")
 
 
 def _literal_args(call: cst.Call) -> bool:
     """Are all the call's arguments literals (``torch.device("cuda", 0)``)?"""
-    return all(isinstance(arg.value, (cst.SimpleString, cst.Integer)) for arg in call.args)
+    return all(type(arg.value) in (cst.SimpleString, cst.Integer) for arg in call.args)
 
 
 class _DeviceStrings(cst.CSTVisitor):

@@ -105,14 +105,14 @@ class _Finder(cst.CSTVisitor):
             self.found[id(node)] = name
 
     def _over_a_loader(self, node: cst.For | cst.While) -> bool:
-        if isinstance(node, cst.For):
+        if type(node) is cst.For:
             source = unwrapped(node.iter, dotted_name)  # no imports here: names as written
             if _code(source) in self.loaders or _code(source) in self.iterators:
                 return True
         nexts = [call.args[0].value for call in calls_in(node.body, definitions=False)
                  if dotted_name(call.func) == "next" and call.args]
         return any(_code(it) in self.iterators or (
-            isinstance(it, cst.Call) and dotted_name(it.func) == "iter" and it.args
+            type(it) is cst.Call and dotted_name(it.func) == "iter" and it.args
             and _code(it.args[0].value) in self.loaders) for it in nexts)
 
     def _fed(self, node: cst.For | cst.While) -> bool:
@@ -120,11 +120,11 @@ class _Finder(cst.CSTVisitor):
 
 
 def _counter_set(small: cst.BaseSmallStatement) -> tuple[str | None, Any]:
-    if isinstance(small, cst.Assign) and len(small.targets) == 1 \
-            and isinstance(small.targets[0].target, cst.Name):
+    if type(small) is cst.Assign and len(small.targets) == 1 \
+            and type(small.targets[0].target) is cst.Name:
         return small.targets[0].target.value, small.value
-    if isinstance(small, cst.AugAssign) and isinstance(small.target, cst.Name) \
-            and isinstance(small.operator, cst.AddAssign):
+    if type(small) is cst.AugAssign and type(small.target) is cst.Name \
+            and type(small.operator) is cst.AddAssign:
         return small.target.value, small.value
     return None, None
 
@@ -136,4 +136,4 @@ def _trains(node: cst.For | cst.While) -> bool:
 def _backwards(node: cst.For | cst.While) -> set[int]:
     """Ids of the ``X.backward(...)`` calls in the loop's body (not in a nested def)."""
     return {id(call) for call in calls_in(node.body, definitions=False)
-            if isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward"}
+            if type(call.func) is cst.Attribute and call.func.attr.value == "backward"}

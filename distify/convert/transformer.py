@@ -220,16 +220,16 @@ class DistifyTransformer(AccumulationMixin, BatchShapeMixin, CollectedMixin, Mod
         if self.ctx.loops and self._draws_from_a_loader(node):
             for loop in self.ctx.loops:
                 loop.next_from_loader = True
-        if isinstance(func, cst.Attribute) and switches_to_eval(
+        if type(func) is cst.Attribute and switches_to_eval(
                 func.attr.value, [False if _is_literal_false(a.value) else a for a in node.args]):
             self._scope.saw_eval = True
-        if (isinstance(func, cst.Attribute) and func.attr.value in ("append", "extend")
-                and isinstance(func.value, cst.Name) and self.ctx.loops
+        if (type(func) is cst.Attribute and func.attr.value in ("append", "extend")
+                and type(func.value) is cst.Name and self.ctx.loops
                 and func.value.value in self._scope.lists
                 and func.value.value not in self.ctx.loops[-1].appended):
             self.ctx.loops[-1].appended.append(func.value.value)
-        if (isinstance(func, cst.Attribute) and func.attr.value == "update" and self.ctx.loops
-                and isinstance(func.value, cst.Name) and func.value.value in self._scope.meters
+        if (type(func) is cst.Attribute and func.attr.value == "update" and self.ctx.loops
+                and type(func.value) is cst.Name and func.value.value in self._scope.meters
                 and func.value.value not in self.ctx.loops[-1].meters):
             self.ctx.loops[-1].meters.append(func.value.value)
 
@@ -238,7 +238,7 @@ class DistifyTransformer(AccumulationMixin, BatchShapeMixin, CollectedMixin, Mod
         updated = self._batch_shape_call(original, updated)
         updated = self._shard_stream_call(original, updated)
         result = self._leave_call(original, updated)
-        if isinstance(original.func, cst.Attribute) and original.func.attr.value == "backward":
+        if type(original.func) is cst.Attribute and original.func.attr.value == "backward":
             self._note_backward(result)
         self._note_meter_display(original, result)  # see .meters
         self._collective_placed(original if result is updated else result)
@@ -257,7 +257,7 @@ class DistifyTransformer(AccumulationMixin, BatchShapeMixin, CollectedMixin, Mod
                 self._rewrite_random_draw(original, updated, qual)))
             if replaced is not None:
                 return replaced
-        if isinstance(original.func, cst.Attribute):
+        if type(original.func) is cst.Attribute:
             return self._rewrite_method_call(original, updated)
         return updated
 
@@ -278,7 +278,7 @@ class DistifyTransformer(AccumulationMixin, BatchShapeMixin, CollectedMixin, Mod
 
     def _rewrite_method_call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
         func = updated.func
-        assert isinstance(func, cst.Attribute)
+        assert type(func) is cst.Attribute
         receiver = self._qual(original.func.value) or ""
         if receiver.split(".")[0] in ("torch", "tf", "jax"):
             return updated
@@ -408,4 +408,4 @@ class DistifyTransformer(AccumulationMixin, BatchShapeMixin, CollectedMixin, Mod
 
 
 def _is_literal_false(node: cst.BaseExpression) -> bool:
-    return isinstance(node, cst.Name) and node.value == "False"
+    return type(node) is cst.Name and node.value == "False"

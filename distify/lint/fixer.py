@@ -59,7 +59,7 @@ class _Fixer(cst.CSTTransformer):
         return (position.start.line, position.start.column) if position else None
 
     def _guard(self, node: cst.CSTNode) -> Fix | None:
-        if isinstance(node, (cst.SimpleStatementLine, cst.With)) and id(node) not in self._skip:
+        if type(node) in (cst.SimpleStatementLine, cst.With) and id(node) not in self._skip:
             return self.guards.get(self._where(node))
         return None
 
@@ -79,7 +79,7 @@ class _Fixer(cst.CSTTransformer):
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         fix = self.calls.get(self._where(original_node))
         func = updated_node.func
-        if fix is None or not isinstance(func, cst.Attribute):
+        if fix is None or type(func) is not cst.Attribute:
             return updated_node
         return backward_through(updated_node, cst.parse_expression(fix.receiver))
 

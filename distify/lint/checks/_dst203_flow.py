@@ -92,7 +92,7 @@ class _Shapes(cst.CSTVisitor):
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
-        backward = (isinstance(func, cst.Attribute) and func.attr.value == "backward") or (
+        backward = (type(func) is cst.Attribute and func.attr.value == "backward") or (
             (dotted_name(func) or "").endswith(".backward"))
         if backward and self._function:
             self.trainers.add(self._function[-1])
