@@ -4,7 +4,7 @@ freed by reference counting as soon as the file is done.
 
 A reference cycle (an object holding its own bound methods, a recursive closure) kept a
 5,000-line file's training-flow scopes and their ``ast`` nodes alive until the collector ran,
-and a conversion turns the collector off while it works (``engine._no_collections``): the
+and a conversion turns the collector off while it works (``distify.nogc``): the
 collection that followed cost 28 ms, 2.5% of the conversion. In ``check``, the walker's table of
 its own methods and the context it shares with the rules held every checked file's tree."""
 
@@ -110,3 +110,45 @@ def test_the_check_sees_a_cycle(case: str) -> None:
             again(1)
 
     assert _left_for_the_collector(make)
+
+
+def test_the_collector_is_off_while_a_file_is_worked_on_and_back_after() -> None:
+    import gc
+
+    from distify.analysis import facts
+    from distify.lint.engine import LintOptions, lint_source
+    from distify.lint.matcher import Matcher
+    from distify.lint.registry import all_codes
+    from distify.nogc import no_collections
+    from distify.rules import default_rules
+
+    seen: list[bool] = []
+    parse = facts.parse_ast
+
+    def watched(*args, **kwargs):
+        seen.append(gc.isenabled())
+        return parse(*args, **kwargs)
+
+    source = (b"import torch\nmodel = torch.nn.Linear(2, 2)\n"
+              b"opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+              b"model(torch.ones(2)).sum().backward()\nopt.step()\ntorch.save(model, 'm.pt')\n")
+    options = LintOptions(Matcher(default_rules()), tuple(all_codes()), True)
+    import distify.convert.engine as engine
+    import distify.lint.engine as lint
+    for module in (engine, lint):
+        module.parse_ast, saved = watched, module.parse_ast
+        try:
+            assert gc.isenabled()
+            if module is engine:
+                convert_source(source, "train.py")
+            else:
+                lint_source(source, "train.py", options)
+            assert gc.isenabled()  # back as it was
+        finally:
+            module.parse_ast = saved
+    assert seen == [False, False]  # off while each command parsed
+    with no_collections():
+        with no_collections():
+            pass
+        assert not gc.isenabled()  # a nested use leaves the outer one's choice alone
+    assert gc.isenabled()

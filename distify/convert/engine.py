@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import gc
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from distify.convert.starts import StatementStarts
 from distify.convert.transformer import DistifyTransformer
 from distify.convert.traverse import rewrite
 from distify.errors import UserError
+from distify.nogc import no_collections
 from distify.rules import RuleSet, default_rules
 
 Status = Literal["converted", "unchanged", "already-distributed", "no-torch"]
@@ -104,7 +104,7 @@ def convert_source(source: bytes, path: str = "<string>", rules: RuleSet | None 
     Raises:
         UserError: the source is not valid Python (the message carries ``path:line:col``).
     """
-    with _no_collections():
+    with no_collections():  # see distify.nogc (a fifth of a large file's conversion)
         return _convert(source, path, rules, runtime_module, helper, skip)
 
 
@@ -183,25 +183,6 @@ def _deep_recursion(path: str) -> Iterator[None]:
                         "statements", path=path, line=1, col=1) from None
     finally:
         sys.setrecursionlimit(limit)
-
-
-@contextlib.contextmanager
-def _no_collections() -> Iterator[None]:
-    """LibCST's parse and the rewrite allocate a node for most nodes of the file, and the
-    garbage collector, triggered every 700 allocations, scans the growing young generation
-    again and again: about a fifth of a large file's conversion once, still 3% with a threshold
-    of 100,000 (``benchmarks/results/convert.md``). Syntax trees hold no cycles: what a
-    conversion drops is freed as it is dropped, and the little that only the collector frees
-    (the visitor classes some analyses make per call: a megabyte or two on a 5,000-line file)
-    is collected after it, as usual. So none runs while it converts. (Nested in a caller that
-    turned the collector off, it leaves it off.)"""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _parse_cst(source: bytes, path: str) -> cst.Module:

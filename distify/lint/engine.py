@@ -34,6 +34,7 @@ from distify.lint.matcher import Matcher
 from distify.lint.model import PARSE_ERROR, FileResult, Finding, Fix
 from distify.lint.rule import REGISTRY, LintRule
 from distify.lint.suppression import Suppressions
+from distify.nogc import no_collections
 
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
 _SKIP_FIELDS = frozenset({"ctx", "op", "ops", "type_comment", "is_async"})
@@ -568,6 +569,11 @@ def lint_source(source: bytes, path: str, options: LintOptions) -> FileResult:
     Returns:
         Its findings (unsorted), a parse error as a ``DST000`` finding, or why it was skipped.
     """
+    with no_collections():  # see distify.nogc (an eighth of a check's time)
+        return _lint(source, path, options)
+
+
+def _lint(source: bytes, path: str, options: LintOptions) -> FileResult:
     try:
         tree = parse_ast(source, path)
     except UserError as err:  # the same one-line message and position `convert` gives
