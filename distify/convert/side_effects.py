@@ -249,7 +249,9 @@ class SideEffectMixin(TransformerBase):
     def _side_effects_may_call(self, qual: str) -> bool:
         """Can :meth:`_rewrite_side_effect_call` act on a call of ``qual`` (whatever its
         arguments, apart from a ``download=`` keyword: see :meth:`_side_effects_may_download`)?
-        False only where each of its branches returns None and records nothing."""
+        False only where each of its branches returns None and records nothing. (Its
+        ``_side_effect`` names the callee loosely, ``ImportMap.cst_loose_qualname``; for a
+        Name/Attribute chain, the only callee with a qualified name, that is ``qual`` itself.)"""
         rules = self.rules
         return (qual == "print" or qual in _OPENS or _downloads_itself(rules, qual)
                 or qual in self._side_effects.trackers
