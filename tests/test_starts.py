@@ -145,3 +145,74 @@ def test_a_renamed_call_on_a_one_line_statement_is_not_walked_for_a_line_break(
             continue
     assert sum(fast for fast, _ in answers) > 100  # answered from the source
     assert any(answer for _, answer in answers)  # and some calls do span lines
+
+
+def _code_check(source: bytes) -> bool:
+    """``StatementStarts.code`` of the parsed module is its own code; True when it was known."""
+    module = cst.parse_module(source)
+    starts = StatementStarts(_statements(source), source, module)
+    code = starts.code(module)
+    if code is not None:
+        assert code == module.code
+    return code is not None
+
+
+def test_the_source_copy_of_every_fixture_is_its_code() -> None:
+    known = 0
+    for path in sorted(FIXTURES.rglob("*.py")):
+        try:
+            known += _code_check(path.read_bytes())
+        except (SyntaxError, cst.ParserSyntaxError):
+            continue
+    assert known > 200
+
+
+@pytest.mark.parametrize("source", [
+    "# a header\n\n\n@dec\n# between decorators\n@dec2(\n    1)\n\ndef f():\n    pass\n"
+    "    # indented, after the block\n# at column 0\nx = 1  # trailing\n\n\n# footer\n",
+    "\ufeffimport os\r\nx = 1\r\n\r\ndef g():\r\n    return 2\r\n",
+    "if a: b = 1; c = 2\nfor i in r: pass\nclass C: x = 1\nwhile 0: pass\nz = 3\n",
+    "async def h():\n    async with a:\n        pass\n\x0c\nmatch v:\n    case 1:\n        pass\n"
+    "y = '''a\nb'''\nw = (1,\n     2)\nq = 1\n",
+    "try:\n    a()\nexcept E:\n    pass\nelse:\n    b()\nfinally:\n    c()\n\n\nlast = 1\n",
+])
+def test_the_source_copy_of_shapes(source: str) -> None:
+    assert _code_check(source.encode("utf-8"))
+
+
+@pytest.mark.parametrize("source", [b"x = 1\ny = 2", b"x = 1\ry = 2\n", b"", b"# only\n",
+                                    b"x = 1\n"])
+def test_no_source_copy_where_it_is_not_known(source: bytes) -> None:
+    """No final line end (LibCST drops the last one it would write), a lone carriage return,
+    no statement, or only the last one (generated, as its end is the file's): the module's
+    code is generated."""
+    assert not _code_check(source)
+
+
+def test_a_conversion_copies_its_unchanged_statements_and_checks_the_copy(monkeypatch) -> None:
+    """Every fixture's conversion: the copy is the converted module's own code, and is used;
+    a copy with a line too many is not (the walk of the module counts its line breaks)."""
+    import distify.analysis.positions as positions
+    import distify.convert.engine as engine
+    from distify.errors import UserError
+
+    used: list[bool] = []
+    lines_of = positions.lines_of
+
+    def checked(module, nodes, code=None):
+        nodes = list(nodes)
+        out, lines = lines_of(module, nodes, code)
+        if code is not None:
+            assert code == module.code
+            used.append(out is code)
+            wrong, _ = lines_of(module, nodes, code + "\n")
+            assert wrong == module.code and wrong is not code
+        return out, lines
+
+    monkeypatch.setattr(engine, "lines_of", checked)
+    for path in sorted(FIXTURES.rglob("*.py")):
+        try:
+            engine.convert_source(path.read_bytes(), str(path))
+        except UserError:
+            continue
+    assert len(used) > 50 and all(used)

@@ -40,20 +40,29 @@ def start_line(node: cst.CSTNode) -> cst.CSTNode:
     return node
 
 
-def lines_of(module: cst.Module, nodes: Iterable[cst.CSTNode]) -> tuple[str, dict[int, int]]:
+def lines_of(module: cst.Module, nodes: Iterable[cst.CSTNode],
+             code: str | None = None) -> tuple[str, dict[int, int]]:
     """Generate ``module``'s code and the 1-based line where each of ``nodes`` starts.
 
+    ``code``: the module's code, when the caller has it another way (copied in part from the
+    source, see :meth:`distify.convert.starts.StatementStarts.code`). It is used when it holds
+    as many line breaks as the walk counted in the module's tokens, and the module's own code
+    is generated otherwise: a line too many or too few would put every report line after it
+    in the wrong place, and the output itself would be wrong.
+
     Returns:
-        the generated code and a map from ``id(node)`` to its line (a node that is not in
-        ``module`` has none; a node that is there twice, its first line).
+        the code and a map from ``id(node)`` to its line (a node that is not in ``module`` has
+        none; a node that is there twice, its first line).
     """
     nodes = list(nodes)
     wanted = {id(node) for node in nodes}
     lines: dict[int, int] = {}
     if any(_how(type(node)) != _VISIT for node in nodes):
-        _every_node(module, wanted, lines)
+        last = _every_node(module, wanted, lines)
     else:
-        _statements_and_expressions(module, wanted, lines)
+        last = _statements_and_expressions(module, wanted, lines)
+    if code is not None and module.has_trailing_newline and code.count("\n") == last - 1:
+        return code, lines
     return module.code, lines
 
 
@@ -90,7 +99,7 @@ def _how(kind: type) -> int:
 
 
 def _statements_and_expressions(module: cst.Module, wanted: set[int],
-                                lines: dict[int, int]) -> None:
+                                lines: dict[int, int]) -> int:
     """:func:`_every_node` for wanted nodes that are neither whitespace, punctuation, names,
     numbers nor strings (what a rewrite anchors its report lines to): those hold no such node,
     so the walk visits only the others (a fifth of a module's nodes) and counts the newlines
@@ -142,6 +151,7 @@ def _statements_and_expressions(module: cst.Module, wanted: set[int],
 
     visit(module)
     visit = None  # the recursive closure refers to itself: the cycle ends here, not in the GC
+    return line  # the line after the last line break
 
 
 def _newlines(node: cst.CSTNode, default: int) -> int:
@@ -167,7 +177,7 @@ def _newlines(node: cst.CSTNode, default: int) -> int:
     return count
 
 
-def _every_node(module: cst.Module, wanted: set[int], lines: dict[int, int]) -> None:
+def _every_node(module: cst.Module, wanted: set[int], lines: dict[int, int]) -> int:
     """The lines of the wanted nodes, from a walk in code order that visits every node and
     counts the newlines its tokens hold, which only whitespace, comments, strings and the
     newline nodes can."""
@@ -213,3 +223,4 @@ def _every_node(module: cst.Module, wanted: set[int], lines: dict[int, int]) -> 
 
     visit(module)
     visit = None  # (as above)
+    return line

@@ -143,7 +143,7 @@ def _rewrite(path: str, source: bytes, module: cst.Module, transformer: DistifyT
     rt = transformer.rt
     updated = rewrite(module, transformer)
     if not any(not e.needs_human for e in transformer.edits):
-        notes = _located(updated, transformer.edits)[2]
+        notes = _located(updated, transformer.edits, transformer.starts)[2]
         return FileResult(path, source, source, "unchanged", notes=notes,
                           reason="nothing to convert")
     updated = _add_import(updated, first_touched=transformer.first_touched, rt=rt,
@@ -160,7 +160,7 @@ def _rewrite(path: str, source: bytes, module: cst.Module, transformer: DistifyT
             classes = transformer.facts.model_classes
             edits = [*edits, *forward_factories(updated, classes, transformer._qual, rt),
                      *fresh_models(updated, classes, rt, source)]
-    code, changes, notes = _located(updated, edits)
+    code, changes, notes = _located(updated, edits, transformer.starts)
     return FileResult(path, source, code.encode(updated.encoding), "converted", changes, notes,
                       tuple(dict.fromkeys(transformer.batch_sizes)), runtime_name=rt,
                       own_mixed_precision=transformer.own_mixed_precision)
@@ -199,10 +199,14 @@ def _parse_cst(source: bytes, path: str) -> cst.Module:
                         col=col) from None
 
 
-def _located(module: cst.Module, edits) -> tuple[str, tuple[Item, ...], tuple[Item, ...]]:
-    """The module's code (generated once) and the changes and notes with their lines."""
+def _located(module: cst.Module, edits, starts: StatementStarts | None = None,
+             ) -> tuple[str, tuple[Item, ...], tuple[Item, ...]]:
+    """The module's code (generated once: the top-level statements left as they were copied
+    from the source, when ``starts`` knows them) and the changes and notes with their
+    lines."""
     anchors = {id(edit): start_line(edit.node) for edit in edits}
-    code, lines = lines_of(module, anchors.values())
+    code, lines = lines_of(module, anchors.values(),
+                           starts.code(module) if starts is not None else None)
     # an edit whose node is no longer in the output was superseded by an outer rewrite
     items = sorted(
         (Item(lines[id(anchors[id(edit)])], edit.kind, edit.message, edit.needs_human)

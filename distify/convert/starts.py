@@ -12,6 +12,13 @@ statement starts; the two trees hold the same statements in the same order, so t
 statement of one is the k-th of the other. That correspondence is checked statement by
 statement (their kinds must agree all the way) before it is used; a file where it does not hold,
 or whose lines do not end the way both parsers count them, is measured the old way.
+
+The same starts give each top-level statement's lines in the source, from its leading comment
+lines to the next statement's: the output's text of a statement the conversion left as it was
+(most of a large script's functions) is copied from there instead of generated, as LibCST would
+write it back byte for byte (:meth:`StatementStarts.code`). The copy is used only when it holds
+as many line breaks as the walk for the report lines counts in the output's tokens
+(:func:`distify.analysis.positions.lines_of`); the output is generated otherwise.
 """
 
 from __future__ import annotations
@@ -53,6 +60,9 @@ class StatementStarts:
         #: could not be matched
         self._starts: dict[int, tuple[int, int, int]] | None = None
         self._lines: list[str] = []
+        #: id of a top-level statement but the last → its lines in the source, from its
+        #: leading comment lines to the next statement's (1-based, the end excluded)
+        self._spans: dict[int, tuple[int, int]] = {}
 
     def first_line(self, statement: cst.SimpleStatementLine) -> int | None:
         """The length of ``statement``'s first line from its first token (its code's first
@@ -80,6 +90,52 @@ class StatementStarts:
         start = self._starts.get(id(statement))
         return None if start is None else start[0] == start[2]
 
+    def code(self, module: cst.Module) -> str | None:
+        """``module.code`` of the converted ``module``, each top-level statement the
+        conversion left as it was (the parsed module's own node) copied from the source rather
+        than generated: the same text (LibCST writes a file back byte for byte) at a fraction
+        of the cost, as most of a large script's functions are left alone. None when not known
+        here (the last statement, whose end is the file's, and the comment lines after it are
+        generated; a file without a final line end is left to LibCST)."""
+        if self._starts is None:
+            self._starts = self._build()
+        if not self._spans or not module.has_trailing_newline:
+            return None
+        lines, spans = self._lines, self._spans
+        parts = [module.code_for_node(line) for line in module.header]
+        for stmt in module.body:
+            span = spans.get(id(stmt))
+            if span is None:
+                parts.append(module.code_for_node(stmt))
+            else:
+                parts.append("\n".join(lines[span[0] - 1:span[1] - 1]))
+                parts.append("\n")
+        parts.extend(module.code_for_node(line) for line in module.footer)
+        return "".join(parts)
+
+    def _top_level(self, theirs: list[ast.stmt], ours: list[cst.CSTNode],
+                   lines: dict[int, tuple[int, int]]) -> dict[int, tuple[int, int]]:
+        """Each top-level statement's lines but the last one's (see :meth:`code`): from the
+        line of its first token (a decorator's, for a decorated def) back over its leading
+        comment lines, to where the next statement's begin. Empty when the file's header and
+        the statements' starts do not add up."""
+        body = self._module.body
+        tops = {id(stmt) for stmt in body}
+        index = {id(node): k for k, node in enumerate(ours) if id(node) in tops}
+        starts = []
+        for stmt in body:
+            if type(stmt) is cst.SimpleStatementLine:
+                first = theirs[lines[id(stmt)][0]].lineno
+            else:
+                node = theirs[index[id(stmt)]]
+                first = min([node.lineno,
+                             *(d.lineno for d in getattr(node, "decorator_list", ()))])
+            starts.append(first - len(stmt.leading_lines))
+        if not starts or starts[0] != len(self._module.header) + 1 \
+                or any(a >= b for a, b in zip(starts, starts[1:])):
+            return {}
+        return {id(stmt): (start, end) for stmt, start, end in zip(body, starts, starts[1:])}
+
     def _build(self) -> dict[int, tuple[int, int, int]]:
         try:
             text = self._source.decode(self._module.encoding)
@@ -96,6 +152,7 @@ class StatementStarts:
                 not isinstance(other, _KINDS.get(type(mine), ())) for mine, other in
                 zip(ours, theirs)):
             return {}
+        self._spans = self._top_level(theirs, ours, lines)
         # the last statement of a line ends last: `a = f(\n); b = 1` ends where `b = 1` does
         return {key: (theirs[first].lineno, theirs[first].col_offset, theirs[last].end_lineno)
                 for key, (first, last) in lines.items()}
