@@ -4,8 +4,8 @@ The floor is LibCST's own ``parse_module`` + code generation (``.bytes``) of the
 Targets (issue 23, on the generated 5,000-line script): distify costs at most 2.0x the floor as
 whole processes and at most 1.5x in process (PRODUCT.md's bar was 2.5x), and grows linearly
 with the file's length. Every size is shown against the same bars, and the verdict gives both:
-the issue's target, and the worst size (the smaller scripts are denser in training code, so a
-larger share of their lines is rewritten).
+the issue's target, and the worst size (distify costs about the same per line at every size;
+the floor costs less per line on the smaller scripts, so their ratios are higher).
 
 Measured on generated training scripts of about 500, 2,000 and 5,000 lines (gen_scripts.py):
 
