@@ -68,9 +68,7 @@ class StatementStarts:
         """The length of ``statement``'s first line from its first token (its code's first
         line, leading comments left out); None when not known here (not a statement of the
         parsed module, or a file measured the old way)."""
-        if self._starts is None:
-            self._starts = self._build()
-        start = self._starts.get(id(statement))
+        start = self._known().get(id(statement))
         if start is None:
             return None
         line = self._lines[start[0] - 1]
@@ -85,9 +83,7 @@ class StatementStarts:
     def one_line(self, statement: cst.BaseSuite | cst.SimpleStatementLine) -> bool | None:
         """Is ``statement`` written on one line, from its first token to its last (no line break
         inside it, so none in any node it holds as written)? None when not known here."""
-        if self._starts is None:
-            self._starts = self._build()
-        start = self._starts.get(id(statement))
+        start = self._known().get(id(statement))
         return None if start is None else start[0] == start[2]
 
     def code(self, module: cst.Module) -> str | None:
@@ -97,8 +93,7 @@ class StatementStarts:
         of the cost, as most of a large script's functions are left alone. None when not known
         here (the last statement, whose end is the file's, and the comment lines after it are
         generated; a file without a final line end is left to LibCST)."""
-        if self._starts is None:
-            self._starts = self._build()
+        self._known()  # (builds the spans too)
         if not self._spans or not module.has_trailing_newline:
             return None
         lines, spans = self._lines, self._spans
@@ -112,6 +107,12 @@ class StatementStarts:
                 parts.append("\n")
         parts.extend(module.code_for_node(line) for line in module.footer)
         return "".join(parts)
+
+    def _known(self) -> dict[int, tuple[int, int, int]]:
+        """The statement lines' starts, built on first use."""
+        if self._starts is None:
+            self._starts = self._build()
+        return self._starts
 
     def _top_level(self, theirs: list[ast.stmt], ours: list[cst.CSTNode],
                    lines: dict[int, tuple[int, int]]) -> dict[int, tuple[int, int]]:
