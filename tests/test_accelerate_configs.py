@@ -16,7 +16,10 @@ from tests.helpers import REPO, clean_env, free_port
 
 pytest.importorskip("accelerate", reason="accelerate is a test dependency")
 
-PROBE = "import os\nprint('rank', os.environ.get('RANK'), 'of', os.environ.get('WORLD_SIZE'))\n"
+# One write per process: the two share the pipe, and `print` of several values writes them one
+# at a time when the output is unbuffered (one CI run read "rankrank 1 of 2" from it).
+PROBE = ("import os\nos.write(1, f\"rank {os.environ.get('RANK')} of "
+         "{os.environ.get('WORLD_SIZE')}\\n\".encode())\n")
 
 
 def ranks_started(tmp_path, **config) -> list[str]:
